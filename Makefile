@@ -1,0 +1,31 @@
+# One command each: `make demo` (set up + run the main job), `make test` (set up + run the tests).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/ngvi: pyproject.toml requirements-ci.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements-ci.txt
+	$(BIN)/pip install -q -e ".[dev]"
+	@$(BIN)/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 'torch must stay 2.13.0, got ' + v)"
+	@touch $@
+
+setup: $(BIN)/ngvi
+
+demo: setup
+	$(BIN)/ngvi demo
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: setup lint
+	$(BIN)/python -m pytest -n 2 -q
+
+bench: setup
+	$(BIN)/ngvi bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

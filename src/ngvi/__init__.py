@@ -1,0 +1,48 @@
+"""ngvi: natural-gradient variational inference for PyTorch.
+
+Bayesian deep learning as easy as training with Adam::
+
+    opt = ngvi.Vadam(model.parameters(), data_size=len(train_set), prior_prec=1.0)
+    for x, y in loader:
+        def closure():
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)      # mean negative log-likelihood
+            loss.backward()
+            return loss
+        opt.step(closure)
+    outputs = ngvi.predict(model, opt, x_test, samples=32)    # [32, ...]
+    posterior = opt.posterior()                               # DiagonalGaussian
+"""
+
+from . import metrics
+from .optim import (
+    IVON,
+    VON,
+    BAdam,
+    NoisyAdam,
+    NonFiniteGradientError,
+    VadaGrad,
+    Vadam,
+    VariationalOptimizer,
+    Vprop,
+)
+from .posterior import DiagonalGaussian, GaussianPosterior
+from .predict import predict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IVON",
+    "VON",
+    "BAdam",
+    "DiagonalGaussian",
+    "GaussianPosterior",
+    "NoisyAdam",
+    "NonFiniteGradientError",
+    "VadaGrad",
+    "Vadam",
+    "VariationalOptimizer",
+    "Vprop",
+    "metrics",
+    "predict",
+]

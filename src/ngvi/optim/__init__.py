@@ -1,0 +1,22 @@
+"""ngvi optimizers: one weight-perturbation engine and small update rules on top of it."""
+
+from .badam import BAdam
+from .base import NonFiniteGradientError, VariationalOptimizer
+from .ivon import IVON
+from .noisy_adam import NoisyAdam
+from .vadagrad import VadaGrad
+from .vadam import Vadam
+from .von import VON
+from .vprop import Vprop
+
+__all__ = [
+    "IVON",
+    "VON",
+    "BAdam",
+    "NoisyAdam",
+    "NonFiniteGradientError",
+    "VadaGrad",
+    "Vadam",
+    "VariationalOptimizer",
+    "Vprop",
+]

@@ -1,0 +1,71 @@
+"""Hyperparameter checks that raise ``ValueError`` naming the argument and the accepted range."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r} of type {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def nonnegative(name: str, value: Any) -> float:
+    v = _number(name, value)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return v
+
+
+def positive(name: str, value: Any, allow_inf: bool = False) -> float:
+    if allow_inf and value == math.inf:
+        return math.inf
+    v = _number(name, value)
+    if v <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return v
+
+
+def unit_interval(name: str, value: Any, *, closed_low: bool = True, closed_high: bool = False) -> float:
+    """A rate in [0, 1) by default (an EMA decay of 1 would never move)."""
+    v = _number(name, value)
+    low_ok = v >= 0 if closed_low else v > 0
+    high_ok = v <= 1 if closed_high else v < 1
+    if not (low_ok and high_ok):
+        lo, hi = "[" if closed_low else "(", "]" if closed_high else ")"
+        raise ValueError(f"{name} must lie in {lo}0, 1{hi}, got {value!r}")
+    return v
+
+
+def betas(name: str, value: Any) -> tuple[float, float]:
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise ValueError(f"{name} must be a pair (beta1, beta2), got {value!r}")
+    return unit_interval(f"{name}[0]", value[0]), unit_interval(f"{name}[1]", value[1])
+
+
+def positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
+
+
+def init_prec(value: Any, prior_prec: float) -> None:
+    """init_prec sets σ at t=0 through s₀ = (init_prec − λ)/N, so it must not fall below the prior's."""
+    if value is None:
+        return
+    v = positive("init_prec", value)
+    if v < prior_prec:
+        raise ValueError(
+            f"init_prec ({value!r}) must be >= prior_prec ({prior_prec!r}): the initial posterior cannot be "
+            "wider than the prior, since s0 = (init_prec - prior_prec) / data_size must be >= 0"
+        )

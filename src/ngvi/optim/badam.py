@@ -1,0 +1,73 @@
+r"""BAdam: Adam, read as a Laplace approximation (BADAM, Alg. 1 and eq. 12).
+
+Training is plain Adam on the MAP objective f(θ) + (λ/2N)‖θ‖² at the mean (no weight perturbation):
+
+.. math::
+    g &= \hat g + \tilde\lambda\theta,\quad
+    m \leftarrow \beta_1 m + (1-\beta_1) g,\quad v \leftarrow \beta_2 v + (1-\beta_2) g^2 \\
+    \theta &\leftarrow \theta - \alpha\,\hat m/(\sqrt{\hat v} + \epsilon)
+
+and the posterior is read off the second moment: q = N(θ, (N(√v̂ + ε) + λ)⁻¹), i.e. BADAM's
+N(θ, (N diag(v̂^{1/2}))⁻¹) plus the prior precision. ε keeps the precision positive where v̂ = 0.
+``sampled_params`` draws from this q (for prediction); ``step`` never perturbs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._tensorlist import TensorList
+from . import _validation as check
+from .base import VariationalOptimizer
+
+
+class BAdam(VariationalOptimizer):
+    """Bayesian Adam (Laplace posterior from Adam's second moment)."""
+
+    perturbs_in_step = False
+
+    def __init__(
+        self,
+        params,
+        data_size: int,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        prior_prec: float = 0.0,
+        eps: float = 1e-8,
+        **engine_kwargs: Any,
+    ):
+        defaults = dict(data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, eps=eps)
+        super().__init__(params, defaults, mc_samples=1, **engine_kwargs)
+
+    def _check_group(self, group):
+        check.positive("data_size", group["data_size"])
+        check.nonnegative("lr", group["lr"])
+        check.betas("betas", group["betas"])
+        check.nonnegative("prior_prec", group["prior_prec"])
+        check.positive("eps", group["eps"])
+
+    def _init_state(self, group, p, state):
+        state["exp_avg"] = torch.zeros_like(p)
+        state["exp_avg_sq"] = torch.zeros_like(p)
+
+    def _precision(self, group, states):
+        beta2 = group["betas"][1]
+        v_hat = TensorList(
+            st["exp_avg_sq"] / (1 - beta2 ** st["step"]) if st["step"] else st["exp_avg_sq"] for st in states
+        )
+        return v_hat.sqrt_().add_(group["eps"]).mul_(float(group["data_size"])).add_(group["prior_prec"])
+
+    def _update(self, group, means, grads, curvs, states):
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        prior_tilde = group["prior_prec"] / group["data_size"]
+        g = grads + means * prior_tilde if prior_tilde else grads
+        m = TensorList(st["exp_avg"] for st in states)
+        v = TensorList(st["exp_avg_sq"] for st in states)
+        m.lerp_(g, 1 - beta1)
+        v.lerp_(g.square(), 1 - beta2)
+        bias1 = [1 - beta1 ** st["step"] for st in states]
+        bias2 = [1 - beta2 ** st["step"] for st in states]
+        denom = (v / bias2).sqrt_().add_(eps)
+        means.addcdiv_(m, denom, [-lr / b for b in bias1])

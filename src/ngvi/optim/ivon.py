@@ -1,0 +1,82 @@
+r"""IVON: the improved variational online-Newton rule (Shen et al. 2024, Alg. 1), as written in DESIGN.md.
+
+.. math::
+    \theta &\sim \mathcal N(m,\ \sigma^2),\quad \sigma^2 = 1/[N(h+\delta)] \\
+    \hat h &= \hat g\odot(\theta-m)/\sigma^2 \\
+    \bar g &\leftarrow \beta_1\bar g + (1-\beta_1)\hat g \\
+    h &\leftarrow \beta_2 h + (1-\beta_2)\hat h + \tfrac12(1-\beta_2)^2 (h-\hat h)^2/(h+\delta) \\
+    m &\leftarrow m - \alpha\,\operatorname{clip}\!\big((\bar g/(1-\beta_1^t) + \delta m)/(h+\delta)\big)
+
+with δ = ``weight_decay`` (the prior precision divided by N) and N = ``data_size`` (the effective sample
+size). The clip is element-wise to [−``clip_radius``, ``clip_radius``].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .._tensorlist import TensorList
+from . import _validation as check
+from .base import VariationalOptimizer
+
+
+class IVON(VariationalOptimizer):
+    """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ)."""
+
+    needs_noise = True
+
+    def __init__(
+        self,
+        params,
+        data_size: int,
+        lr: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.99999),
+        weight_decay: float = 1e-4,
+        hess_init: float = 1.0,
+        mc_samples: int = 1,
+        clip_radius: float = math.inf,
+        **engine_kwargs: Any,
+    ):
+        defaults = dict(
+            data_size=data_size,
+            lr=lr,
+            betas=betas,
+            weight_decay=weight_decay,
+            hess_init=hess_init,
+            clip_radius=clip_radius,
+        )
+        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+
+    def _check_group(self, group):
+        check.positive("data_size", group["data_size"])
+        check.nonnegative("lr", group["lr"])
+        check.betas("betas", group["betas"])
+        check.nonnegative("weight_decay", group["weight_decay"])
+        check.positive("hess_init", group["hess_init"])
+        check.positive("clip_radius", group["clip_radius"], allow_inf=True)
+
+    def _init_state(self, group, p, state):
+        state["momentum"] = torch.zeros_like(p)
+        state["hess"] = torch.full_like(p, float(group["hess_init"]))
+
+    def _precision(self, group, states):
+        h = TensorList(st["hess"] for st in states)
+        return (h + group["weight_decay"]).mul_(float(group["data_size"]))
+
+    def _curvature(self, group, grads, noise, states):
+        return grads * noise * self._precision(group, states).sqrt()  # ĝ⊙(θ−m)/σ² = ĝ⊙ε/σ
+
+    def _update(self, group, means, grads, curvs, states):
+        lr, (beta1, beta2), delta = group["lr"], group["betas"], group["weight_decay"]
+        g_bar = TensorList(st["momentum"] for st in states)
+        h = TensorList(st["hess"] for st in states)
+        g_bar.lerp_(grads, 1 - beta1)
+        riemann = (h - curvs).square().div_(h + delta).mul_(0.5 * (1 - beta2) ** 2)
+        h.lerp_(curvs, 1 - beta2).add_(riemann)
+        step = (g_bar / [1 - beta1 ** st["step"] for st in states]).add_(means * delta).div_(h + delta)
+        if math.isfinite(group["clip_radius"]):
+            step.clamp_(-group["clip_radius"], group["clip_radius"])
+        means.add_(step, alpha=-lr)

@@ -1,0 +1,55 @@
+r"""VadaGrad: variational optimisation with an AdaGrad-like rule (Khan et al. 2018, App. F, eq. 96).
+
+.. math::
+    \theta &\sim \mathcal N(\mu,\ 1/s) \\
+    s &\leftarrow s + \beta\,\hat g^2 \\
+    \mu &\leftarrow \mu - \alpha\,\hat g / \sqrt{s}
+
+There is no prior and no data size: VadaGrad minimises E_q[F(θ)] (τ = 0 in eq. 22), so s only grows and
+q contracts towards a point mass at a minimum of F. ``init_prec`` is s₀.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._tensorlist import TensorList
+from . import _validation as check
+from .base import VariationalOptimizer
+
+
+class VadaGrad(VariationalOptimizer):
+    """Variational AdaGrad. Search-distribution precision 1/σ² = s."""
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-2,
+        beta: float = 0.01,
+        init_prec: float = 1e4,
+        mc_samples: int = 1,
+        **engine_kwargs: Any,
+    ):
+        defaults = dict(lr=lr, beta=beta, init_prec=init_prec)
+        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+
+    def _check_group(self, group):
+        check.nonnegative("lr", group["lr"])
+        check.nonnegative("beta", group["beta"])
+        check.positive("init_prec", group["init_prec"])
+
+    def _init_state(self, group, p, state):
+        state["sum_sq"] = torch.full_like(p, float(group["init_prec"]))
+
+    def _precision(self, group, states):
+        return TensorList(st["sum_sq"] for st in states).clone()
+
+    def _curvature(self, group, grads, noise, states):
+        return grads.square()
+
+    def _update(self, group, means, grads, curvs, states):
+        s = TensorList(st["sum_sq"] for st in states)
+        s.add_(curvs, alpha=group["beta"])
+        means.addcdiv_(grads, s.sqrt(), -group["lr"])

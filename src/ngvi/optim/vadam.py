@@ -1,0 +1,79 @@
+r"""Vadam: Adam with weight perturbation (Khan et al. 2018, Fig. 1 and App. E, eqs. 88–93).
+
+.. math::
+    \theta &\sim \mathcal N(\mu,\ 1/[N(s + \tilde\lambda)])          && (88)\ \text{uses the uncorrected } s\\
+    u &\leftarrow \gamma_1 u + (1-\gamma_1)(\hat g + \tilde\lambda\mu) && (89)\\
+    s &\leftarrow \gamma_2 s + (1-\gamma_2)\,\hat g^2                  && (90)\\
+    \hat u &= u/(1-\gamma_1^t),\quad \hat s = s/(1-\gamma_2^t)         && (91, 92)\\
+    \mu &\leftarrow \mu - \alpha\,\hat u / (\sqrt{\hat s} + \tilde\lambda) && (93)
+
+with λ̃ = λ/N. With several MC samples ĝ is their mean gradient and ĝ² the mean of their squares (as in the
+authors' code). ``betas`` = (γ₁, γ₂) as in Adam.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._tensorlist import TensorList
+from . import _validation as check
+from .base import VariationalOptimizer
+
+
+class Vadam(VariationalOptimizer):
+    """Variational Adam. Posterior precision 1/σ² = N·s + λ.
+
+    Args:
+        params: parameters or groups.
+        data_size: N, the number of training examples (the closure returns a mean over a minibatch).
+        lr: α.  betas: (γ₁, γ₂).  prior_prec: λ of the prior N(0, I/λ).
+        init_prec: precision of q at t=0 (s₀ = (init_prec − λ)/N); None means init_prec = λ (q₀ = prior).
+        mc_samples: posterior samples per step.
+    """
+
+    def __init__(
+        self,
+        params,
+        data_size: int,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        prior_prec: float = 1.0,
+        init_prec: float | None = None,
+        mc_samples: int = 1,
+        **engine_kwargs: Any,
+    ):
+        defaults = dict(data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=init_prec)
+        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+
+    def _check_group(self, group):
+        check.positive("data_size", group["data_size"])
+        check.nonnegative("lr", group["lr"])
+        check.betas("betas", group["betas"])
+        check.positive("prior_prec", group["prior_prec"])
+        check.init_prec(group["init_prec"], group["prior_prec"])
+
+    def _init_state(self, group, p, state):
+        n, prior, init = group["data_size"], group["prior_prec"], group["init_prec"]
+        state["exp_avg"] = torch.zeros_like(p)
+        state["exp_avg_sq"] = torch.full_like(p, 0.0 if init is None else (init - prior) / n)
+
+    def _precision(self, group, states):
+        s = TensorList(st["exp_avg_sq"] for st in states)
+        return s * float(group["data_size"]) + group["prior_prec"]
+
+    def _curvature(self, group, grads, noise, states):
+        return grads.square()
+
+    def _update(self, group, means, grads, curvs, states):
+        lr, (beta1, beta2) = group["lr"], group["betas"]
+        prior_tilde = group["prior_prec"] / group["data_size"]
+        u = TensorList(st["exp_avg"] for st in states)
+        s = TensorList(st["exp_avg_sq"] for st in states)
+        u.lerp_(grads + means * prior_tilde, 1 - beta1)  # (89)
+        s.lerp_(curvs, 1 - beta2)  # (90)
+        bias1 = [1 - beta1 ** st["step"] for st in states]
+        bias2 = [1 - beta2 ** st["step"] for st in states]
+        denom = (s / bias2).sqrt().add_(prior_tilde)  # √ŝ + λ̃
+        means.addcdiv_(u, denom, [-lr / b for b in bias1])  # (93): μ ← μ − α (u/(1−γ₁ᵗ)) / denom

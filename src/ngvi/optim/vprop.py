@@ -1,0 +1,63 @@
+r"""Vprop: RMSprop with weight perturbation (Khan et al. 2018, eq. 14).
+
+.. math::
+    \theta &\sim \mathcal N(\mu,\ 1/[N(s + \tilde\lambda)]) \\
+    s &\leftarrow (1-\beta)\,s + \beta\,\hat g^2 \\
+    \mu &\leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu) / (\sqrt{s} + \tilde\lambda)
+
+Here the keyword ``beta`` is the EMA *decay* (RMSprop's α, Adam's γ₂), i.e. the paper's step β_t is
+``1 - beta``; the default 0.999 matches the authors' code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._tensorlist import TensorList
+from . import _validation as check
+from .base import VariationalOptimizer
+
+
+class Vprop(VariationalOptimizer):
+    """Variational RMSprop. Posterior precision 1/σ² = N·s + λ."""
+
+    def __init__(
+        self,
+        params,
+        data_size: int,
+        lr: float = 1e-3,
+        beta: float = 0.999,
+        prior_prec: float = 1.0,
+        init_prec: float | None = None,
+        mc_samples: int = 1,
+        **engine_kwargs: Any,
+    ):
+        defaults = dict(data_size=data_size, lr=lr, beta=beta, prior_prec=prior_prec, init_prec=init_prec)
+        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+
+    def _check_group(self, group):
+        check.positive("data_size", group["data_size"])
+        check.nonnegative("lr", group["lr"])
+        check.unit_interval("beta", group["beta"])
+        check.positive("prior_prec", group["prior_prec"])
+        check.init_prec(group["init_prec"], group["prior_prec"])
+
+    def _init_state(self, group, p, state):
+        n, prior, init = group["data_size"], group["prior_prec"], group["init_prec"]
+        state["exp_avg_sq"] = torch.full_like(p, 0.0 if init is None else (init - prior) / n)
+
+    def _precision(self, group, states):
+        s = TensorList(st["exp_avg_sq"] for st in states)
+        return s * float(group["data_size"]) + group["prior_prec"]
+
+    def _curvature(self, group, grads, noise, states):
+        return grads.square()
+
+    def _update(self, group, means, grads, curvs, states):
+        prior_tilde = group["prior_prec"] / group["data_size"]
+        s = TensorList(st["exp_avg_sq"] for st in states)
+        s.lerp_(curvs, 1 - group["beta"])  # s ← (1−β_paper)s + β_paper ĝ², β_paper = 1 − beta
+        step = grads + means * prior_tilde
+        means.addcdiv_(step, s.sqrt().add_(prior_tilde), -group["lr"])

@@ -7,6 +7,7 @@ changes on disk is checked again).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -25,6 +26,15 @@ _lock = threading.Lock()
 
 class DataNotFoundError(FileNotFoundError):
     """A data folder or file is missing. The message says what is missing, where we looked and what to do."""
+
+    def __init__(self, message: str, filename: str | None = None) -> None:
+        super().__init__(errno.ENOENT, message, filename)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        return type(self), (self.strerror, self.filename)
 
 
 class ChecksumError(ValueError):
@@ -142,9 +152,7 @@ def data_path(rel: str, data_dir: PathLike | None = None, *, verify: bool = True
         ]
         if (root / "data" / rel).is_file():
             lines.append(f"  hint: it exists under {root / 'data'}; did you mean that folder?")
-        err = DataNotFoundError("\n".join(lines) + "\n" + _fix_hint(_group(rel), root))
-        err.filename = str(path)
-        raise err
+        raise DataNotFoundError("\n".join(lines) + "\n" + _fix_hint(_group(rel), root), str(path))
     if verify:
         verify_file(path, rel)
     return path

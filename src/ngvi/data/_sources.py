@@ -61,31 +61,31 @@ def file_source(rel: str) -> FileSource:
     name = parts[-1]
     if parts[0] == "uci" and len(parts) == 3:
         page, url = _github(_UCI, f"UCI_Datasets/{parts[1]}/data/{name}")
-        return FileSource(f"UCI {parts[1]} (Gal & Ghahramani 2016 splits)", page, url)
+        return FileSource(f"UCI {parts[1]}, Gal & Ghahramani 2016 splits", page, url)
     if parts[0] == "libsvm_breast_cancer_scale":
         path = (
             "matlab/datasets/breast_cancer_scale.mat"
             if name.endswith(".mat")
             else f"pytorch/vadam/data/breast_cancer_scale_presplit/{name}"
         )
-        return FileSource("LIBSVM breast-cancer_scale (Vadam split)", *_github(_VADAM, path))
+        return FileSource("LIBSVM breast-cancer_scale, Vadam split", *_github(_VADAM, path))
     if parts[0] == "libsvm_australian_scale":
         path = f"pytorch/vadam/data/australian_presplit/{name}"
-        return FileSource("LIBSVM australian_scale (Vadam split)", *_github(_VADAM, path))
+        return FileSource("LIBSVM australian_scale, Vadam split", *_github(_VADAM, path))
     if parts[0] == "usps":
         if name == "usps_3vs5.txt.gz":
             page, _ = _github(_ESL, "data/zipcode")
-            return FileSource("USPS 3-vs-5 (derived from the ESL zip data)", page, None, fix="usps_3vs5")
-        return FileSource("USPS digits (ESL 'zip' data)", *_github(_ESL, f"data/zipcode/{name}"))
+            return FileSource("USPS 3-vs-5, derived from the ESL zip data", page, None, fix="usps_3vs5")
+        return FileSource("USPS digits, ESL zip data", *_github(_ESL, f"data/zipcode/{name}"))
     if parts[0] == "mnist":
         if name == "train-images-idx3-ubyte.gz":
             return FileSource(
-                "MNIST training images (LeCun et al.; re-gzipped, see MANIFEST.md)",
+                "MNIST training images, LeCun et al., re-gzipped (see MANIFEST.md)",
                 "http://yann.lecun.com/exdb/mnist/",
                 f"{MNIST_MIRROR}/{name}",
                 fix="regzip",
             )
-        return FileSource("MNIST (LeCun et al.)", *_github(_MNIST, name))
+        return FileSource("MNIST, LeCun et al.", *_github(_MNIST, name))
     if rel == "bandits/mushroom/agaricus-lepiota.data":
         return FileSource(
             "UCI Mushroom",
@@ -94,7 +94,7 @@ def file_source(rel: str) -> FileSource:
             upstream_sha256="126abef844f76d8484681851a7d02e09e52dc0c6594fc49f1bc7854397c5ebda",
         )
     if parts[:2] == ["bandits", "statlog_shuttle"]:
-        return FileSource("UCI Statlog (Shuttle)", *_github(_SHUTTLE, name))
+        return FileSource("UCI Statlog Shuttle", *_github(_SHUTTLE, name))
     if parts[:2] == ["bandits", "adult"]:
         fixes = {
             "adult.data": ("drop_first_line", _ADULT_DATA_UPSTREAM),

@@ -28,6 +28,7 @@ one-hot columns use the categories of the full data set rather than of the sampl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -248,6 +249,29 @@ def _adult_table(data_dir: PathLike | None) -> list[list[str]]:
     return [r for r in rows if "?" not in r]
 
 
+def _adult_encoded(data_dir: PathLike | None) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Unstandardised adult contexts, occupation codes and names; cached while the files are unchanged."""
+    paths = [data_path(f"bandits/adult/{f}", data_dir) for f in ("adult.data", "adult.test")]
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+    return _adult_encoded_cached(stamp, data_dir)
+
+
+@functools.lru_cache(maxsize=2)
+def _adult_encoded_cached(
+    _stamp: tuple[tuple[str, int, int], ...], data_dir: PathLike | None
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    columns = list(zip(*_adult_table(data_dir), strict=True))
+    occupations = tuple(sorted(set(columns[_ADULT_LABEL])))
+    code = {o: i for i, o in enumerate(occupations)}
+    labels = np.array([code[o] for o in columns[_ADULT_LABEL]], dtype=np.int64)
+    numeric = np.array([columns[c] for c in _ADULT_NUMERIC], dtype=np.float64).T
+    encoded = [one_hot(columns[c], sorted(set(columns[c]))) for c in _ADULT_CATEGORICAL]
+    x = np.hstack([numeric, *encoded])
+    x.setflags(write=False)
+    labels.setflags(write=False)
+    return x, labels, occupations
+
+
 def load_adult_bandit(
     num_contexts: int | None = None,
     *,
@@ -257,15 +281,7 @@ def load_adult_bandit(
     data_dir: PathLike | None = None,
 ) -> BanditDataset:
     """The Adult classification bandit: 14 actions = occupation; see the module docstring."""
-    rows = _adult_table(data_dir)
-    columns = list(zip(*rows, strict=True))
-    occupations = sorted(set(columns[_ADULT_LABEL]))
-    code = {o: i for i, o in enumerate(occupations)}
-    labels = np.array([code[o] for o in columns[_ADULT_LABEL]], dtype=np.int64)
-    numeric = np.array([columns[c] for c in _ADULT_NUMERIC], dtype=np.float64).T
-    encoded = [one_hot(columns[c], sorted(set(columns[c]))) for c in _ADULT_CATEGORICAL]
-    x = np.hstack([numeric, *encoded])
-
+    x, labels, occupations = _adult_encoded(data_dir)
     idx = _take(len(labels), num_contexts, shuffle, np.random.default_rng(seed))
     x, labels = x[idx], labels[idx]
     if remove_underrepresented:

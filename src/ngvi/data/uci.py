@@ -179,10 +179,12 @@ class Standardizer:
         y = _to_numpy(y_train).reshape(-1)
         x_mean, x_std = x.mean(0), x.std(0)
         constant = x_std <= 1e-12 * np.maximum(np.abs(x_mean), 1.0)
+        # a constant column maps to exactly 0: centre it on its value, not on a rounded mean
+        x_mean = np.where(constant, x[0], x_mean)
         x_std = np.where(constant, 1.0, x_std)
         y_mean, y_std = float(y.mean()), float(y.std())
         if y_std <= 1e-12 * max(abs(y_mean), 1.0):
-            y_std = 1.0
+            y_mean, y_std = float(y[0]), 1.0
         return cls(x_mean, x_std, y_mean, y_std, constant)
 
     def transform_x(self, x: Any) -> Any:

@@ -157,8 +157,9 @@ def _as_like(values: np.ndarray, like: Any) -> Any:
 class Standardizer:
     """Affine standardisation fitted on training data: z = (v - mean) / std, per input column and for y.
 
-    Columns whose training standard deviation is zero (e.g. two inputs of ``naval``) get ``std = 1``, so
-    they become 0 rather than NaN. Works on numpy arrays and torch tensors alike.
+    Columns whose training standard deviation is zero (e.g. inputs 8 and 11 of ``naval``) get ``std = 1`` and
+    are centred on their value, so they become exactly 0 rather than NaN (``constant_columns`` marks them).
+    A constant target is handled the same way. Works on numpy arrays and torch tensors alike.
 
     Predictions made in standardised units go back with :meth:`inverse_y` (means and samples) and
     :meth:`inverse_y_std` (standard deviations). A Gaussian log-density in standardised units becomes one in

@@ -24,6 +24,7 @@ from .libsvm import (
 )
 from .mnist import MNIST_MEAN, MNIST_STD, load_mnist, read_idx
 from .splits import kfold_indices, random_split_indices
+from .toy import TOY_NOISE_STD, ToyRegression, toy_regression
 from .uci import (
     UCI_ALIASES,
     UCI_DATASETS,
@@ -37,13 +38,12 @@ from .uci import (
 )
 from .usps import load_usps, load_usps_3vs5, load_usps_3vs5_full
 
-# Toy generators (owned by the lead) are imported here: from .toy import ...
-
 __all__ = [
     "ENV_VAR",
     "LIBSVM_DATASETS",
     "MNIST_MEAN",
     "MNIST_STD",
+    "TOY_NOISE_STD",
     "UCI_ALIASES",
     "UCI_DATASETS",
     "BanditDataset",
@@ -51,6 +51,7 @@ __all__ = [
     "ChecksumError",
     "DataNotFoundError",
     "Standardizer",
+    "ToyRegression",
     "UCIInfo",
     "UCISplit",
     "classification_bandit",
@@ -74,6 +75,7 @@ __all__ = [
     "random_split_indices",
     "read_idx",
     "resolve_data_dir",
+    "toy_regression",
     "uci_info",
     "uci_name",
     "verify_file",

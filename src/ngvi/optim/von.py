@@ -88,7 +88,6 @@ class VON(VariationalOptimizer):
         step = grads + means * prior_tilde
         means.addcdiv_(step, s + prior_tilde, -group["lr"])
 
-
     def _rademacher(self, p: torch.Tensor) -> torch.Tensor:
         """z ∈ {−1, +1} shaped like p, from the optimizer's generator (after the sample's ε)."""
         return torch.empty_like(p).bernoulli_(0.5, generator=self._generator(p.device)).mul_(2).sub_(1)

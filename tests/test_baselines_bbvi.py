@@ -268,3 +268,34 @@ def test_linear_weight_used_outside_its_forward_is_refused():
     assert torch.equal(model.out_proj.weight.detach(), weight)
     opt = BBVI(model, 8, local_reparam=False)
     opt.step(closure)
+
+
+@pytest.mark.parametrize("local_reparam", [True, False])
+def test_manual_sampling_form_equals_the_closure_form(regression, local_reparam):
+    X, y = regression
+    model_a, model_b = _linear_model(), _linear_model()
+    opt_a = BBVI(model_a, N, lr=0.05, mc_samples=2, local_reparam=local_reparam, seed=4)
+    opt_b = BBVI(model_b, N, lr=0.05, mc_samples=2, local_reparam=local_reparam, seed=4)
+    for _ in range(3):
+        opt_a.step(_gaussian_closure(opt_a, model_a, X, y))
+        for _ in range(2):
+            with opt_b.sampled_params(train=True):
+                _gaussian_closure(opt_b, model_b, X, y)()
+        opt_b.step()
+    qa, qb = opt_a.posterior(), opt_b.posterior()
+    assert torch.equal(qa.mean[0], qb.mean[0]) and torch.equal(qa.variance[0], qb.variance[0])
+
+
+def test_frozen_parameters_stay_fixed():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    model[0].bias.requires_grad_(False)
+    opt = BBVI(model, 16, lr=0.1, seed=0)
+    assert len(opt.posterior().mean) == 3  # the trainable parameters, in model order
+    bias = model[0].bias.detach().clone()
+    x = torch.zeros(16, 3)  # the first layer's output is its bias alone, so it shows any bias noise
+    with opt.sampled_params(train=True):
+        hidden = model[0](x)
+    assert torch.equal(hidden.detach(), bias.expand(16, 4))
+    with opt.sampled_params():
+        assert torch.equal(model[0](x).detach(), bias.expand(16, 4))

@@ -152,6 +152,11 @@ class BBVI(VariationalOptimizer):
     def _precision(self, group, states):
         return self._std(states).square().reciprocal_()
 
+    def _standard_normal(self, p: Tensor) -> Tensor:
+        if self._lrt_on and p in self._lrt_params:  # sampled through its layer's outputs: no weight noise
+            return self._noise.setdefault(p, torch.zeros_like(p))
+        return super()._standard_normal(p)
+
     def _perturb(self, group, params, noise, states):
         """θ ← μ + σ⊙ε, except for the Linear layers that the local trick samples while training."""
         std = self._std(states)
@@ -220,15 +225,13 @@ class BBVI(VariationalOptimizer):
 
     def _attach_local_reparam(self) -> list[Any]:
         """Give each Linear layer leaves for its log σ and a forward hook that adds the output noise."""
-        tracked = {p: self.state[p] for group in self.param_groups for p in self._trainable(group)}
         handles = []
         for _, module in self._lrt_layers:
             leaves = []
             for p in (module.weight, module.bias):
-                state = tracked.get(p) if p is not None else None
-                leaf = None if state is None else state["log_std"].detach().requires_grad_(True)
-                if leaf is not None:
-                    self._lrt_leaves[p] = leaf
+                leaf = None
+                if p is not None and p.requires_grad and p in self.state:  # frozen parameters stay fixed
+                    leaf = self._lrt_leaves[p] = self.state[p]["log_std"].detach().requires_grad_(True)
                 leaves.append(leaf)
             if leaves[0] is not None or leaves[1] is not None:
                 hook = functools.partial(self._local_reparam_output, *leaves)

@@ -63,7 +63,8 @@ class BBVI(VariationalOptimizer):
 
     Args:
         model: the network; its parameters hold μ (so ``model.state_dict()`` is the posterior mean).
-            All trainable parameters get a Gaussian posterior.
+            Every trainable parameter gets a Gaussian posterior; frozen ones (``requires_grad=False``)
+            stay fixed and are left out of ``posterior()``, which follows ``model.parameters()`` order.
         data_size: N, the number of training examples (the closure returns a mean over a minibatch).
         lr: Adam's step size for both μ and log σ.  betas: Adam's (β₁, β₂).  eps: Adam's ε.
         prior_prec: λ of the prior N(0, I/λ).
@@ -77,7 +78,10 @@ class BBVI(VariationalOptimizer):
     Use it as every ngvi optimizer: the closure zeroes the gradients, returns the mean NLL of the minibatch
     and calls ``backward()``; ``step`` calls it ``mc_samples`` times, each at a fresh posterior sample, and
     adds KL(q‖p)/N itself. It returns the mean of the closure's losses (the NLL term of the per-example
-    negative ELBO; add ``kl_divergence() / N`` for the whole objective).
+    negative ELBO; add ``kl_divergence() / N`` for the whole objective). The manual form,
+    ``with bbvi.sampled_params(train=True): ...backward()`` a few times and then ``bbvi.step()``, works too.
+    ``sampled_params()`` for prediction draws one weight sample for every layer (see the module docstring).
+    A checkpoint is ``model.state_dict()`` (μ) plus ``bbvi.state_dict()`` (log σ, Adam's moments, the RNG).
 
     Raises:
         ValueError: for a bad argument, or when ``local_reparam=True`` and a Linear layer's parameter is

@@ -36,6 +36,7 @@ from scipy.optimize import minimize
 from torch import Tensor
 from torch.nn import functional as F
 
+from ..optim import _validation as check
 from ..posterior import DiagonalGaussian
 
 __all__ = [
@@ -81,12 +82,6 @@ def _positive(name: str, value: float | Tensor, like: Tensor) -> Tensor:
     return out.expand(like.shape[1])
 
 
-def _noise_prec(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValueError(f"noise_prec must be a positive finite number, got {value!r}")
-    return float(value)
-
-
 def _kl_to_prior(mean: Tensor, variance: Tensor, prior_prec: Tensor) -> Tensor:
     """KL(N(μ, σ²) ‖ N(0, 1/λ)) summed over weights: ½ Σ [λσ² + λμ² − 1 − log(λσ²)]."""
     return 0.5 * (prior_prec * (variance + mean**2) - 1.0 - (prior_prec * variance).log()).sum()
@@ -100,7 +95,7 @@ def _linear_solution(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(posterior mean P⁻¹τXᵀy, precision P = τXᵀX + λI, Cholesky factor of P), after checking the inputs."""
     X, y = _design(X, y)
-    tau = _noise_prec(noise_prec)
+    tau = check.positive("noise_prec", noise_prec)
     precision = tau * X.T @ X + torch.diag(_positive("prior_prec", prior_prec, X))
     chol = torch.linalg.cholesky(precision)
     mean = torch.cholesky_solve((tau * X.T @ y).unsqueeze(1), chol).squeeze(1)
@@ -153,7 +148,7 @@ def linear_regression_elbo(
     This is the sum over the data set, not the per-example value (divide by N for that).
     """
     X, y = _design(X, y)
-    tau = _noise_prec(noise_prec)
+    tau = check.positive("noise_prec", noise_prec)
     lam = _positive("prior_prec", prior_prec, X)
     expected_sq = (y - X @ mean).square().sum() + (variance * X.square().sum(0)).sum()
     expected_loglik = 0.5 * X.shape[0] * (math.log(tau) - _LOG_2PI) - 0.5 * tau * expected_sq
@@ -168,12 +163,6 @@ def _signs(y: Tensor) -> Tensor:
     if bool(bad.any()):
         raise ValueError(f"y must hold labels in {{0, 1}} or {{-1, +1}}, got {y[bad][:5].tolist()}...")
     return torch.where(y > 0, 1.0, -1.0).to(y.dtype)
-
-
-def _quad_points(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"quad_points must be a positive int, got {value!r}")
-    return value
 
 
 @functools.lru_cache(maxsize=8)
@@ -196,7 +185,7 @@ def logistic_regression_elbo(
     """
     X, y = _design(X, y)
     lam = _positive("prior_prec", prior_prec, X)
-    nodes, weights = _gauss_hermite(_quad_points(quad_points))
+    nodes, weights = _gauss_hermite(check.positive_int("quad_points", quad_points))
     nodes = torch.as_tensor(nodes, dtype=X.dtype, device=X.device)
     weights = torch.as_tensor(weights, dtype=X.dtype, device=X.device)
     m = X @ mean  # [N]
@@ -226,10 +215,8 @@ def logistic_regression_mean_field(
     """
     X, y = _design(X, y)
     lam = _positive("prior_prec", prior_prec, X)
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
-    if isinstance(gtol, bool) or not isinstance(gtol, int | float) or not gtol > 0:
-        raise ValueError(f"gtol must be a positive number, got {gtol!r}")
+    check.positive_int("max_iter", max_iter)
+    check.positive("gtol", gtol)
     X64, y64, lam64 = X.double(), y.double(), lam.double()
     n, d = X64.shape
 

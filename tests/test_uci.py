@@ -41,6 +41,7 @@ def test_smoke_run_writes_a_valid_table_for_every_method(smoke_run):
     assert set(tuned) == {f"yacht/{m}" for m in AVAILABLE}
     assert all(v["budget"] == {"trials": 2, "folds": 2, "epochs": 2} for v in tuned.values())
     assert tuned["yacht/mc_dropout"]["dropout"] in (0.005, 0.01, 0.05, 0.1)  # Gal's grid
+    assert tuned["yacht/mc_dropout"]["prior_prec"] == pytest.approx(1e-4)  # Gal's length-scale, not tuned
 
 
 def test_rerun_resumes_without_refitting(smoke_run):

@@ -4,7 +4,8 @@ Shared by every method (Khan et al. 2018, App. J.1, and the authors' code): a 1-
 size 0.01, Adam-style moments (0.9, 0.99). Train MC samples: 10 on the four small sets and 5 on the others for
 the weight-perturbation methods, 20/10 for BBVI. Vadam-style methods start at init_prec = prior_prec (the
 authors' code); BBVI at precision 10 (App. J.1). λ (``prior_prec``) and τ (``noise_prec``, in standardised
-target units) come from tuning; MC dropout also tunes its dropout rate over Gal's grid.
+target units) come from tuning; MC dropout follows Gal's code instead: λ = 10⁻⁴ fixed (length-scale 10⁻²),
+with τ and its dropout rate tuned (the rate over Gal's grid).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from torch import nn
 import ngvi
 
 LR, BETAS = 0.01, (0.9, 0.99)
+#: Gal & Ghahramani's code fixes the prior length-scale l = 10⁻² (prior precision λ = l²) and tunes τ and p
+GAL_LENGTH_SCALE = 1e-2
 SMALL_SETS = ("bostonHousing", "concrete", "energy", "yacht")
 
 
@@ -43,6 +46,7 @@ class UCIMethod:
     published: dict[str, str] = field(default_factory=dict)  # source -> row in that paper's table
     linearized: bool = False  # predictive: linearised around the mean (BADAM) instead of MC
     tunes_dropout: bool = False
+    fixed: dict[str, float] = field(default_factory=dict)  # hyperparameters the protocol fixes (not tuned)
     requires: str = ""  # attribute of ngvi that must exist (methods merged later)
 
     def available(self) -> bool:

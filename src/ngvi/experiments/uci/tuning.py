@@ -5,7 +5,7 @@ log λ ∈ [−4, 4] (natural logs; [1, 5] and [−3, 4] for naval and power), 3
 first 5 are random, each the mean validation log-likelihood over 5 folds of the training part. The paper
 tunes every split; on two cores we tune split 0 per data set and method and reuse the result for all
 splits (the output says so).
-MC dropout also tunes its dropout rate over Gal's grid (``dropout_rates.txt``).
+MC dropout keeps Gal's fixed λ and tunes τ and its dropout rate over Gal's grid (``dropout_rates.txt``).
 
 Trials are logged to an optuna journal file in the results folder, so a killed tuning run resumes.
 """
@@ -57,10 +57,11 @@ def tune(
     rates = sorted(uci_info(dataset, data_dir).dropout_rates) if method.tunes_dropout else []
 
     def objective(trial: optuna.Trial) -> float:
-        hp = {
-            "noise_prec": math.exp(trial.suggest_float("log_noise_prec", *space["log_noise_prec"])),
-            "prior_prec": math.exp(trial.suggest_float("log_prior_prec", *space["log_prior_prec"])),
-        }
+        hp = {"noise_prec": math.exp(trial.suggest_float("log_noise_prec", *space["log_noise_prec"]))}
+        if "prior_prec" in method.fixed:
+            hp["prior_prec"] = method.fixed["prior_prec"]
+        else:
+            hp["prior_prec"] = math.exp(trial.suggest_float("log_prior_prec", *space["log_prior_prec"]))
         if rates:
             hp["dropout"] = trial.suggest_categorical("dropout", rates)
         value = cv_loglik(hp)
@@ -73,7 +74,7 @@ def tune(
     best = study.best_trial
     out = {
         "noise_prec": math.exp(best.params["log_noise_prec"]),
-        "prior_prec": math.exp(best.params["log_prior_prec"]),
+        "prior_prec": method.fixed.get("prior_prec") or math.exp(best.params["log_prior_prec"]),
         "cv_loglik": best.value,
         "trials": trials,
         "tuning_seconds": time.perf_counter() - start,

@@ -193,6 +193,7 @@ METHODS: dict[str, UCIMethod] = {
             _mc_dropout,
             published={"khan2018": "MC-Dropout"},
             tunes_dropout=True,
+            fixed={"prior_prec": GAL_LENGTH_SCALE**2},
             requires="baselines.MCDropout",
         ),
         UCIMethod("map", "MAP", _map, requires="baselines.MAP"),

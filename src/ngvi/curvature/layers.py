@@ -1,0 +1,112 @@
+r"""What each supported layer type contributes to per-example statistics.
+
+Every supported layer computes, for example i and "position" t (a pixel of a conv output, a step of a
+sequence, or a separate call of a layer used twice), per group g of a grouped conv,
+
+.. math::
+    s_{i,t} = W_g\, a_{i,t} + b_g, \qquad W_g \in \mathbb R^{o\times d},
+
+so the gradient of example i's loss f_i is :math:`\nabla_{W_g} f_i = \sum_t \delta_{i,t}\, a_{i,t}^\top` with
+:math:`\delta_{i,t} = \partial f_i/\partial s_{i,t}`. A :class:`LayerKind` only says how to view the recorded
+layer input as activations ``a`` of shape [m, G, T, d] and the recorded output gradient as ``δ`` of shape
+[M, G, T, o]; :mod:`ngvi.curvature.statistics` does the maths once for all kinds.
+
+* ``nn.Linear`` (input [M, ..., d_in]): G = 1, T = the product of the middle dims (1 for a plain batch),
+  a = the input rows.
+* ``nn.Conv2d`` (KFC, Grosse & Martens 2016): T = the output pixels, a = the unfolded input patches
+  (im2col), d = (C_in/G)·k_h·k_w in the weight's own (channel, row, column) order. Padding is applied
+  explicitly first, so every ``padding`` ("same", "valid", ints) and ``padding_mode`` is handled by one path;
+  stride and dilation go to ``F.unfold``.
+
+Patches are unfolded for a slice of examples at a time (``acts(module, x, start, stop)``), which is what
+keeps the memory of conv statistics bounded.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class LayerKind:
+    """Views of one layer type's input and output gradient in the [examples, G, T, features] layout."""
+
+    module_type: type[nn.Module]
+
+    def groups(self, module: nn.Module) -> int:
+        return 1
+
+    def weight_block(self, module: nn.Module) -> tuple[int, int, int]:
+        """(G, o, d): the weight is G blocks of o×d."""
+        raise NotImplementedError
+
+    def acts(self, module: nn.Module, x: Tensor, start: int, stop: int) -> Tensor:
+        """Activations of examples [start, stop) as [m, G, T, d]."""
+        raise NotImplementedError
+
+    def grads(self, module: nn.Module, grad_output: Tensor) -> Tensor:
+        """Output gradients as [M, G, T, o]."""
+        raise NotImplementedError
+
+
+class LinearKind(LayerKind):
+    module_type = nn.Linear
+
+    def weight_block(self, module):
+        return 1, module.out_features, module.in_features
+
+    def acts(self, module, x, start, stop):
+        return x[start:stop].reshape(stop - start, 1, -1, module.in_features)
+
+    def grads(self, module, grad_output):
+        return grad_output.reshape(grad_output.shape[0], 1, -1, module.out_features)
+
+
+class Conv2dKind(LayerKind):
+    module_type = nn.Conv2d
+
+    def groups(self, module):
+        return module.groups
+
+    def weight_block(self, module):
+        g = module.groups
+        return g, module.out_channels // g, module.weight[0].numel()
+
+    @staticmethod
+    def _pads(module: nn.Conv2d) -> tuple[int, int, int, int]:
+        """F.pad's (left, right, top, bottom) for the module's padding, as nn.Conv2d applies it."""
+        if isinstance(module.padding, str):
+            if module.padding == "valid":
+                return (0, 0, 0, 0)
+            pads = []  # "same": total d(k−1), the odd pixel goes right/bottom (as torch does)
+            for k, d in zip(reversed(module.kernel_size), reversed(module.dilation), strict=True):
+                total = d * (k - 1)
+                pads += [total // 2, total - total // 2]
+            return tuple(pads)
+        ph, pw = module.padding
+        return (pw, pw, ph, ph)
+
+    def acts(self, module, x, start, stop):
+        x = x[start:stop]
+        pads = self._pads(module)
+        if any(pads):
+            mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+            x = F.pad(x, pads, mode=mode)
+        cols = F.unfold(x, module.kernel_size, dilation=module.dilation, stride=module.stride)
+        g = module.groups
+        return cols.view(cols.shape[0], g, cols.shape[1] // g, cols.shape[2]).transpose(2, 3)
+
+    def grads(self, module, grad_output):
+        m, g = grad_output.shape[0], module.groups
+        return grad_output.reshape(m, g, module.out_channels // g, -1).transpose(2, 3)
+
+
+KINDS: dict[type[nn.Module], LayerKind] = {k.module_type: k for k in (LinearKind(), Conv2dKind())}
+
+
+def kind_of(module: nn.Module) -> LayerKind | None:
+    """The kind of a supported layer: an nn.Linear / nn.Conv2d (or subclass) that keeps the stock forward."""
+    for base, kind in KINDS.items():
+        if isinstance(module, base) and type(module).forward is base.forward:
+            return kind
+    return None

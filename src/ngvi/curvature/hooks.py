@@ -67,6 +67,28 @@ class _Record(statistics.Call):
     out_version: int = 0
 
 
+class _ForwardHook:
+    """The forward hook of one layer. A copy (deepcopy or pickle of the model inside a recording block) is
+    an inert hook: the copied model must not record into these hooks."""
+
+    def __init__(self, owner: CurvatureHooks, index: int):
+        self.owner, self.index = owner, index
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self.owner._on_forward(self.index, module, args, kwargs, output)
+
+    def __reduce__(self):
+        return (_inert_hook_factory, ())
+
+
+def _inert_hook(*args: Any) -> None:
+    return None
+
+
+def _inert_hook_factory():
+    return _inert_hook
+
+
 def find_layers(model: nn.Module) -> list[HookedLayer]:
     """The supported layers with trainable parameters; ValueError naming every other parameterised module."""
     if not isinstance(model, nn.Module):
@@ -160,7 +182,7 @@ class CurvatureHooks:
         self._stray_backward = False
         try:
             for i, layer in enumerate(self.layers):
-                hook = partial(self._on_forward, i)
+                hook = _ForwardHook(self, i)
                 self._handles.append(layer.module.register_forward_hook(hook, with_kwargs=True))
             yield self
         finally:

@@ -86,7 +86,8 @@ class Bernoulli(Likelihood):
     name = "bernoulli"
 
     def sample(self, output, generator=None):
-        return torch.bernoulli(torch.sigmoid(output.detach()), generator=generator)
+        probs = torch.sigmoid(output.detach()).nan_to_num_(0.5)  # NaN outputs: NaN curvature, not a crash
+        return torch.bernoulli(probs, generator=generator)
 
     def nll_grad(self, output, target):
         return torch.sigmoid(output.detach()) - target
@@ -103,6 +104,8 @@ class Categorical(Likelihood):
     def sample(self, output, generator=None):
         logits = output.detach().movedim(1, -1)
         probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
+        ok = torch.isfinite(probs).all(-1, keepdim=True)  # NaN outputs: NaN curvature, not a crash
+        probs = torch.where(ok, probs, 1.0)
         draws = torch.multinomial(probs, 1, generator=generator)
         return draws.reshape(logits.shape[:-1])
 

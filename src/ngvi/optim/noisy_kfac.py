@@ -23,7 +23,7 @@ of Alg. 2's γ_in·W under q).
 
 Choices the paper leaves open, and ours:
 
-* **Start.** A = S = 0, so q₀ is the prior N(0, λη) (as noisy Adam's f = 0). The factor EMAs use the
+* **Start.** A = S = 0, so q₀ is the prior N(0, η) (as noisy Adam's f = 0). The factor EMAs use the
   weight max(β, 1/k) at their k-th update (K-FAC's warm start, Martens & Grosse 2015 §5): a running mean
   until k = 1/β, so the first update is not taken with near-zero factors.
 * **Schedule.** Statistics at steps t with (t−1) mod T_stats = 0 and inverses at (t−1) mod T_inv = 0, i.e.

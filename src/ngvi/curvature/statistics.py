@@ -66,12 +66,12 @@ def mean_sq_grads(
     coef = scale * scale / batch
     w_sq = b_sq = None
     if len(calls) == 1 and groups == 1 and grads[0].shape[2] == 1:  # Goodfellow: no per-example gradients
-        g2 = grads[0].reshape(batch, rows).square()
+        g2 = grads[0].reshape(batch, rows).square().mul_(coef)  # scaled here: M×o, not o×d, numbers
         if weight:
             a = kind.acts(module, calls[0].x, 0, batch).reshape(batch, cols).to(dtype)
-            w_sq = torch.mm(g2.t(), a.square()).mul_(coef)
+            w_sq = torch.mm(g2.t(), a.square())
         if bias:
-            b_sq = g2.sum(0).mul_(coef)
+            b_sq = g2.sum(0)
     else:
         positions = sum(g.shape[2] for g in grads)
         per_example = groups * (positions * cols + rows * cols + rows)

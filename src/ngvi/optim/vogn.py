@@ -34,6 +34,7 @@ KL-divergence proximity term of eq. 68 instead of a Euclidean one). α and β he
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -107,6 +108,30 @@ class VOGN(LayerCurvatureMixin, VON):
         super()._check_group(group)
         check.unit_interval("momentum", group["momentum"])
 
+    def _init_transient(self) -> None:
+        super()._init_transient()
+        # One parameter-shaped scratch tensor per weight, reused every step: on CPU, freshly allocated
+        # temporaries cost more than the arithmetic done in them (page faults on first touch).
+        self._scratch: dict[torch.Tensor, torch.Tensor] = {}
+
+    def _scratch_for(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = []
+        for p in params:
+            buf = self._scratch.get(p)
+            if buf is None:
+                buf = self._scratch[p] = torch.empty_like(p, memory_format=torch.preserve_format)
+            out.append(buf)
+        return out
+
+    def _perturb(self, group, params, noise, states):
+        # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
+        prior_tilde = group["prior_prec"] / group["data_size"]
+        inv_std = self._scratch_for(self._trainable(group))  # the engine's order of params/noise/states
+        for buf, st in zip(inv_std, states, strict=True):
+            torch.add(st["hess"], prior_tilde, out=buf)
+        torch._foreach_rsqrt_(inv_std)
+        torch._foreach_addcmul_(params.tensors, noise.tensors, inv_std, 1.0 / math.sqrt(group["data_size"]))
+
     def _curvature(self, group, grads, noise, states):
         params = [p for p in self._trainable(group) if p.grad is not None]
         self._mean_gradient(grads)
@@ -117,18 +142,25 @@ class VOGN(LayerCurvatureMixin, VON):
         return TensorList(mean_sq[p] for p in params)
 
     def _update(self, group, means, grads, curvs, states):
-        beta, momentum = group["beta"], group["momentum"]
+        # ``curvs`` is the engine's temporary for this step; once s has absorbed it, it holds s + λ̃.
+        beta, momentum, lr = group["beta"], group["momentum"], group["lr"]
         prior_tilde = group["prior_prec"] / group["data_size"]
         s = TensorList(st["hess"] for st in states)
-        step = grads + means * prior_tilde  # ĝ + λ̃μ
-        if momentum == 0:
-            s.lerp_(curvs, beta)  # (10)
-            means.addcdiv_(step, s + prior_tilde, -group["lr"])  # (7)
+        step = TensorList(self._scratch_for([p for p in group["params"] if p in self._acc_grad]))
+        if momentum:
+            buffers = TensorList(self._momentum_buffer(st) for st in states)  # μ_t − μ_{t−1}
+            for out, s_t in zip(step, s, strict=True):
+                torch.add(s_t, prior_tilde, out=out)  # s_t + λ̃
+            buffers.mul_(step).mul_(momentum)
+        for out, g, m in zip(step, grads, means, strict=True):
+            torch.add(g, m, alpha=prior_tilde, out=out)  # ĝ + λ̃μ
+        s.lerp_(curvs, beta)  # (10)
+        for out, s_t in zip(curvs, s, strict=True):
+            torch.add(s_t, prior_tilde, out=out)  # s_{t+1} + λ̃
+        if not momentum:
+            means.addcdiv_(step, curvs, -lr)  # (7)
             return
-        old_prec = s + prior_tilde
-        s.lerp_(curvs, beta)
-        buffers = TensorList(self._momentum_buffer(st) for st in states)  # μ_t − μ_{t−1}
-        buffers.mul_(old_prec).mul_(momentum).sub_(step, alpha=group["lr"]).div_(s + prior_tilde)
+        buffers.sub_(step, alpha=lr).div_(curvs)  # eq. 82, with μ_t − μ_{t−1} kept in the buffer
         means.add_(buffers)
 
     @staticmethod

@@ -122,6 +122,25 @@ def conv_net(**conv_kwargs):
     return make
 
 
+class Normalised(nn.Module):
+    """LayerNorm over one and over two trailing dims (one without bias), GroupNorm after a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.gn = nn.GroupNorm(2, 4)
+        self.lin = nn.Linear(4 * 3 * 3, 6)
+        self.ln = nn.LayerNorm(6)
+        self.seq_ln = nn.LayerNorm([2, 3], bias=False)
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.gn(self.conv(x))).flatten(1)
+        h = torch.tanh(self.ln(self.lin(h)))
+        h = self.seq_ln(h.reshape(-1, 2, 3)).reshape(-1, 6)
+        return self.out(torch.sin(h))
+
+
 CASES = {
     "linear": (lambda: nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)), (6, 5)),
     "linear-nobias": (lambda: nn.Sequential(nn.Linear(5, 4, bias=False), nn.ReLU(), nn.Linear(4, 3)), (6, 5)),
@@ -141,6 +160,7 @@ CASES = {
     "twice": (Twice, (5, 2, 7, 7)),
     "sequence": (Sequence, (5, 3, 3)),
     "inplace": (InplaceRelu, (6, 3)),
+    "norms": (Normalised, (5, 2, 3, 3)),
 }
 
 
@@ -169,11 +189,31 @@ def brute_mean_sq_grads(model, x, nll_single) -> dict:
     return {n: v / x.shape[0] for n, v in acc.items()}
 
 
+NORMS = (nn.LayerNorm, nn.GroupNorm)
+
+
+def per_element(module: nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """[1, ...] laid out as [K, T, 1], one group per element of a normalisation layer's weight."""
+    k = module.weight.numel()
+    if isinstance(module, nn.GroupNorm):
+        return t.reshape(k, -1, 1)
+    return t.reshape(-1, k).T.unsqueeze(-1)
+
+
 def layer_patches(module: nn.Module, x_i: torch.Tensor) -> torch.Tensor:
     """[G, T, d] input patches of one call on one example, without unfolding: s is linear in W, so a copy
-    of the conv whose filters are the one-hot basis of the weight space outputs the patches themselves."""
+    of the conv whose filters are the one-hot basis of the weight space outputs the patches themselves.
+    For a normalisation layer the "patch" of element k is x̂ₖ: the layer's own output with w = 1, b = 0."""
     if isinstance(module, nn.Linear):
         return x_i.reshape(1, -1, module.in_features)
+    if isinstance(module, NORMS):
+        clean = copy.deepcopy(module)
+        clean._forward_hooks.clear()
+        with torch.no_grad():
+            clean.weight.fill_(1.0)
+            if clean.bias is not None:
+                clean.bias.zero_()
+            return per_element(module, clean(x_i))
     groups, d = module.groups, module.weight[0].numel()
     probe = nn.Conv2d(
         module.in_channels,
@@ -194,7 +234,7 @@ def layer_patches(module: nn.Module, x_i: torch.Tensor) -> torch.Tensor:
 
 def brute_kfac(model, x, nll_single) -> dict:
     """{module name: (A, S)} with the bias column appended when the bias is trained."""
-    names = {m: n for n, m in model.named_modules() if isinstance(m, nn.Linear | nn.Conv2d)}
+    names = {m: n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, *NORMS))}
     layers = list(names)
     calls: dict = {}
 
@@ -216,7 +256,9 @@ def brute_kfac(model, x, nll_single) -> dict:
                     a = layer_patches(m, x_in)  # [G, T, d]
                     if m.bias is not None:
                         a = torch.cat([a, torch.ones_like(a[..., :1])], dim=-1)
-                    if isinstance(m, nn.Conv2d):  # [1, out, Ho, Wo] -> [G, T, o]
+                    if isinstance(m, NORMS):
+                        delta = per_element(m, out.grad)
+                    elif isinstance(m, nn.Conv2d):  # [1, out, Ho, Wo] -> [G, T, o]
                         delta = out.grad.reshape(groups, m.out_channels // groups, -1).transpose(1, 2)
                     else:  # [1, ..., out] -> [1, T, out]
                         delta = out.grad.reshape(1, -1, m.out_features)
@@ -300,7 +342,7 @@ def classification_case(case: str, likelihood):
     return model, x
 
 
-@pytest.mark.parametrize("case", ["nested", "twice", "conv-same-even", "inplace", "sequence"])
+@pytest.mark.parametrize("case", ["nested", "twice", "conv-same-even", "inplace", "sequence", "norms"])
 @pytest.mark.parametrize("likelihood", [Gaussian(2.5), Bernoulli(), Categorical()], ids=lambda lik: lik.name)
 def test_sampled_target_statistics_match_single_example_loops(case, likelihood):
     """The "fisher" pass: the hooked statistics for given sampled targets equal the per-example loop."""

@@ -274,11 +274,18 @@ def test_unsupported_layers_are_named():
     model = nn.Sequential(
         nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 4), nn.LayerNorm(4), nn.Linear(4, 2)
     )
-    with pytest.raises(ValueError, match=r"1 \(BatchNorm2d.*4 \(LayerNorm"):
+    with pytest.raises(ValueError, match=r"1 \(BatchNorm2d: weight, bias\).*BatchNorm mixes the examples"):
         ngvi.VOGN(model, 10)
-    model[1].requires_grad_(False)
-    model[4].requires_grad_(False)
-    ngvi.VOGN(model, 10)  # frozen normalisation layers are fine
+    emb = nn.ModuleDict({"table": nn.Embedding(5, 3), "head": nn.Linear(3, 2)})
+    with pytest.raises(ValueError, match=r"table \(Embedding: weight\)"):
+        ngvi.VOGN(emb, 10)
+    model[1].requires_grad_(False)  # a frozen BatchNorm is accepted (LayerNorm is supported) ...
+    opt = ngvi.VOGN(model, 10, init_prec=10.0)
+    x, y = torch.randn(4, 1, 4, 4), torch.randint(0, 2, (4,))
+    with pytest.warns(
+        UserWarning, match="BatchNorm layers in training mode"
+    ):  # ... with a warning in train mode
+        opt.step(ef_closure(opt, model, x, y))
 
 
 def test_weights_used_outside_the_layer_forward_are_reported():

@@ -2,8 +2,9 @@ r"""Per-example curvature from one ordinary forward and backward pass, through m
 
 VOGN needs the mean of squared per-example gradients, ĥ = (1/M) Σᵢ (∇fᵢ)², and noisy K-FAC the Kronecker
 factors A = E[āāᵀ] and S = E[δδᵀ] of each layer. Both come from what a layer sees anyway: its input a and
-the gradient δ at its output. :class:`CurvatureHooks` records them for every nn.Linear and nn.Conv2d of any
-module tree; :mod:`.statistics` turns them into
+the gradient δ at its output. :class:`CurvatureHooks` records them for every nn.Linear and nn.Conv2d (and
+nn.LayerNorm / nn.GroupNorm, whose affine weights are one 1×1 layer per element) of any module tree;
+:mod:`.statistics` turns them into
 
 * Σᵢ gᵢ² = (δ²)ᵀ(a²) for a Linear layer (Goodfellow 2015) — one extra matrix product, no per-example
   gradients;

@@ -30,6 +30,7 @@ hooks at all, so it can be pickled, deep-copied, evaluated or compiled as usual.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -112,10 +113,17 @@ def find_layers(model: nn.Module) -> list[HookedLayer]:
         layers.append(HookedLayer(label, module, kind, params.get("weight"), params.get("bias")))
     if unsupported:
         supported = ", ".join(f"nn.{t.__name__}" for t in KINDS)
+        hint = ""
+        if any("BatchNorm" in u for u in unsupported):
+            hint = (
+                " BatchNorm mixes the examples of a batch, so per-example gradients are not defined "
+                "through it: use GroupNorm or LayerNorm, or freeze it."
+            )
         raise ValueError(
             f"per-example curvature is implemented for {supported} layers (with their standard forward), "
             f"but these modules also have trainable parameters: {'; '.join(unsupported)}. Freeze them "
             "(requires_grad_(False)) or use a diagonal optimizer that needs no hooks (e.g. ngvi.Vadam)."
+            + hint
         )
     if shared:
         raise ValueError(
@@ -130,7 +138,8 @@ class CurvatureHooks:
     """Records layer inputs and output gradients of a model; computes VOGN and K-FAC statistics from them.
 
     Args:
-        model: any module tree whose trainable parameters all sit in nn.Linear / nn.Conv2d layers.
+        model: any module tree whose trainable parameters all sit in supported layers (nn.Linear, nn.Conv2d,
+            nn.LayerNorm, nn.GroupNorm).
         loss_reduction: "mean" if the backpropagated loss is (1/M)Σᵢ fᵢ (default), "sum" if it is Σᵢ fᵢ.
         chunk_bytes: bound on the temporary memory of per-example gradients and unfolded patches of one
             layer (Conv2d, sequences, layers used twice); examples are processed in chunks that fit.
@@ -150,6 +159,9 @@ class CurvatureHooks:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
         self.model = model
         self.layers = find_layers(model)
+        self.batchnorms = [
+            (n, m) for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        ]
         self.loss_reduction = loss_reduction
         self.chunk_bytes = chunk_bytes
         self._init_transient()
@@ -176,6 +188,14 @@ class CurvatureHooks:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         if self._capture is not None:
             raise RuntimeError("CurvatureHooks.recording() blocks cannot be nested")
+        training_bn = [n for n, m in self.batchnorms if m.training]
+        if training_bn:
+            warnings.warn(
+                f"BatchNorm layers in training mode ({', '.join(training_bn)}) mix the examples of a "
+                "batch: the per-example curvature of the layers before them is only approximate (use "
+                "GroupNorm/LayerNorm, or eval mode)",
+                stacklevel=4,
+            )
         self._records = {}
         self._capture = capture
         self._accepting = capture == "grads"

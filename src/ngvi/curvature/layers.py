@@ -18,6 +18,14 @@ layer input as activations ``a`` of shape [m, G, T, d] and the recorded output g
   explicitly first, so every ``padding`` ("same", "valid", ints) and ``padding_mode`` is handled by one path;
   stride and dilation go to ``F.unfold``.
 
+* ``nn.LayerNorm`` / ``nn.GroupNorm`` (elementwise affine): y = x̂ ⊙ w + b is, for every element k of w,
+  a 1×1 layer on its own input x̂ₖ (the normalised input, recomputed from the recorded input). So
+  G = numel(w), o = d = 1: VOGN gets the exact per-example squares and noisy K-FAC a 2×2 factor A (w and b)
+  per element — a diagonal posterior over w (a block-diagonal one over each (wₖ, bₖ) pair).
+
+BatchNorm is not supported: in training mode its batch statistics make every example's loss depend on the
+whole batch, so per-example gradients are not defined.
+
 Patches are unfolded for a slice of examples at a time (``acts(module, x, start, stop)``), which is what
 keeps the memory of conv statistics bounded.
 """
@@ -101,11 +109,60 @@ class Conv2dKind(LayerKind):
         return grad_output.reshape(m, g, module.out_channels // g, -1).transpose(2, 3)
 
 
-KINDS: dict[type[nn.Module], LayerKind] = {k.module_type: k for k in (LinearKind(), Conv2dKind())}
+class _AffineNormKind(LayerKind):
+    """Normalisation layers y = x̂ ⊙ w + b: every element k of w is a 1×1 "layer" on its own input x̂ₖ,
+    i.e. G = numel(w) groups with o = d = 1, and the positions are the other non-batch elements."""
+
+    def weight_block(self, module):
+        return module.weight.numel(), 1, 1
+
+    def normalized(self, module: nn.Module, x: Tensor) -> Tensor:
+        """x̂ as [M, K, T]: K elements of w, T positions per example."""
+        raise NotImplementedError
+
+    def acts(self, module, x, start, stop):
+        return self.normalized(module, x[start:stop]).unsqueeze(-1)
+
+    def grads(self, module, grad_output):
+        return self._layout(module, grad_output).unsqueeze(-1)
+
+    def _layout(self, module: nn.Module, t: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class LayerNormKind(_AffineNormKind):
+    """``nn.LayerNorm`` over the trailing ``normalized_shape``: x̂ = layer_norm(x) without the affine map."""
+
+    module_type = nn.LayerNorm
+
+    def normalized(self, module, x):
+        x_hat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
+        return self._layout(module, x_hat)
+
+    def _layout(self, module, t):
+        k = module.weight.numel()
+        return t.reshape(t.shape[0], -1, k).transpose(1, 2)
+
+
+class GroupNormKind(_AffineNormKind):
+    """``nn.GroupNorm`` on [M, C, ...]: x̂ = group_norm(x) without the affine map; one w per channel."""
+
+    module_type = nn.GroupNorm
+
+    def normalized(self, module, x):
+        return self._layout(module, F.group_norm(x, module.num_groups, None, None, module.eps))
+
+    def _layout(self, module, t):
+        return t.reshape(t.shape[0], t.shape[1], -1)
+
+
+KINDS: dict[type[nn.Module], LayerKind] = {
+    k.module_type: k for k in (LinearKind(), Conv2dKind(), LayerNormKind(), GroupNormKind())
+}
 
 
 def kind_of(module: nn.Module) -> LayerKind | None:
-    """The kind of a supported layer: an nn.Linear / nn.Conv2d (or subclass) that keeps the stock forward."""
+    """The kind of a supported layer: one of :data:`KINDS` (or a subclass that keeps the stock forward)."""
     for base, kind in KINDS.items():
         if isinstance(module, base) and type(module).forward is base.forward:
             return kind

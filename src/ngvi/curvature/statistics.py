@@ -84,7 +84,10 @@ def mean_sq_grads(
                 per_ex = None  # Gᵢ for i in [start, stop): [m, G, o, d]
                 for call, g in zip(calls, grads, strict=True):
                     a = kind.acts(module, call.x, start, stop).to(dtype)
-                    term = torch.matmul(g[start:stop].transpose(-1, -2), a)
+                    if rows == cols == 1:  # normalisation layers: Σₜ δ·x̂ per element
+                        term = (g[start:stop] * a).sum(2, keepdim=True)
+                    else:
+                        term = torch.matmul(g[start:stop].transpose(-1, -2), a)
                     per_ex = term if per_ex is None else per_ex.add_(term)
                 w_acc.add_(per_ex.square_().sum(0))
             if bias:

@@ -52,10 +52,11 @@ from .base import VariationalOptimizer
 
 
 class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
-    """Noisy K-FAC (NNG-MVG) on a model's nn.Linear / nn.Conv2d layers.
+    """Noisy K-FAC (NNG-MVG) on a model's nn.Linear / nn.Conv2d (and LayerNorm / GroupNorm) layers.
 
     Args:
-        model: the network; all its trainable parameters must sit in nn.Linear / nn.Conv2d layers.
+        model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
+            nn.GroupNorm layers (for the normalisation layers each (wₖ, bₖ) pair gets its own 2×2 block).
         data_size: N.  lr: α.  beta: β, the factor EMA step.  momentum: heavy-ball on the natural step.
         prior_var: η of the prior N(0, ηI).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
         stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.

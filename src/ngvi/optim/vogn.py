@@ -12,8 +12,9 @@ VOGN is VON with the Gauss-Newton curvature, the mean of squared **per-example**
 ĥ ≥ 0, so s stays non-negative without VON's Riemannian correction, and eq. 10 is used as written.
 s₀ = (init_prec − λ)/N, and 0 for ``init_prec=None`` (q₀ is the prior).
 
-The per-example gradients come from hooks on the model's nn.Linear / nn.Conv2d layers during the ordinary
-backward pass (:mod:`ngvi.curvature`): for a Linear layer Σᵢ gᵢ² = (δ²)ᵀ(a²), one extra matrix product.
+The per-example gradients come from hooks on the model's layers (nn.Linear, nn.Conv2d, nn.LayerNorm,
+nn.GroupNorm) during the ordinary backward pass (:mod:`ngvi.curvature`): for a Linear layer
+Σᵢ gᵢ² = (δ²)ᵀ(a²), one extra matrix product.
 
 * ``curvature="ef"``: gᵢ = ∇fᵢ for the closure's own targets (the empirical Fisher, eq. 9 as written).
 * ``curvature="fisher"``: gᵢ = ∇ of −log p(ỹᵢ | xᵢ, θ) with ỹᵢ drawn from the model's predictive
@@ -49,10 +50,11 @@ from .von import VON
 
 
 class VOGN(LayerCurvatureMixin, VON):
-    """Variational online Gauss-Newton on a model's nn.Linear / nn.Conv2d layers. Precision = N(s + λ̃).
+    """Variational online Gauss-Newton on a model's supported layers. Precision = N(s + λ̃).
 
     Args:
-        model: the network; all its trainable parameters must sit in nn.Linear / nn.Conv2d layers.
+        model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
+            nn.GroupNorm layers (others get a ValueError naming them).
         data_size: N.  lr: α.  beta: β, the curvature step.  momentum: γ of the natural momentum.
         prior_prec: λ.  init_prec: precision of q at t=0 (None: the prior's).  mc_samples: samples per step.
         curvature: "ef" (per-example gradients of the closure's loss) or "fisher" (sampled targets).

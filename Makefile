@@ -18,8 +18,8 @@ demo: setup
 	$(BIN)/ngvi demo
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: setup lint
 	$(BIN)/python -m pytest -n 2 -q

@@ -14,7 +14,7 @@ Bayesian deep learning as easy as training with Adam::
     posterior = opt.posterior()                               # DiagonalGaussian
 """
 
-from . import curvature, metrics
+from . import baselines, curvature, metrics
 from .optim import (
     IVON,
     VOGN,
@@ -48,7 +48,11 @@ __all__ = [
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
+<<<<<<< HEAD
     "curvature",
+=======
+    "baselines",
+>>>>>>> main
     "metrics",
     "predict",
 ]

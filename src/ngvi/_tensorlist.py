@@ -7,6 +7,7 @@ a list with one number per tensor (for per-parameter bias corrections).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Union
 
@@ -170,11 +171,12 @@ class TensorList:
 
     # -- reductions -------------------------------------------------------------------------------------
     def all_finite(self) -> bool:
-        """True when every element is finite (one fused norm and one host sync)."""
+        """True when every element is finite: one fused max-abs (NaN and Inf propagate, large finite
+        values cannot overflow as a 2-norm would) and one host sync."""
         if not self.tensors:
             return True
-        norms = torch._foreach_norm(self.tensors)
-        return bool(torch.stack([n.to(norms[0].device, torch.float32) for n in norms]).isfinite().all())
+        max_abs = torch._foreach_norm(self.tensors, ord=math.inf)
+        return bool(torch.stack([m.isfinite().to(max_abs[0].device) for m in max_abs]).all())
 
     def nonfinite_indices(self) -> list[int]:
         return [i for i, t in enumerate(self.tensors) if not bool(torch.isfinite(t).all())]

@@ -77,7 +77,7 @@ class VON(VariationalOptimizer):
     def _curvature(self, group, grads, noise, states):
         if self.hessian == "price":
             return grads * noise * self._precision(group, states).sqrt()  # ĝ⊙ε/σ
-        return hutchinson_diagonal(group, grads, self._generator)
+        return hutchinson_diagonal(group, self._rademacher)
 
     def _update(self, group, means, grads, curvs, states):
         beta = group["beta"]
@@ -88,9 +88,13 @@ class VON(VariationalOptimizer):
         step = grads + means * prior_tilde
         means.addcdiv_(step, s + prior_tilde, -group["lr"])
 
+    def _rademacher(self, p: torch.Tensor) -> torch.Tensor:
+        """z ∈ {−1, +1} shaped like p, from the optimizer's generator (after the sample's ε)."""
+        return torch.empty_like(p).bernoulli_(0.5, generator=self._generator(p.device)).mul_(2).sub_(1)
 
-def hutchinson_diagonal(group, grads: TensorList, generator_for) -> TensorList:
-    """z ⊙ (H z) with Rademacher z, for the parameters whose ``.grad`` carries a graph."""
+
+def hutchinson_diagonal(group: dict, draw_z) -> TensorList:
+    """z ⊙ (H z) with Rademacher z = draw_z(p), for the parameters whose ``.grad`` carries a graph."""
     params = [p for p in group["params"] if p.requires_grad and p.grad is not None]
     graphs = [p.grad for p in params]
     if any(g.grad_fn is None for g in graphs):
@@ -98,9 +102,7 @@ def hutchinson_diagonal(group, grads: TensorList, generator_for) -> TensorList:
             "hessian='hutchinson' needs a Hessian-vector product: call loss.backward(create_graph=True) "
             "in the closure (or inside sampled_params(train=True))"
         )
-    zs = [
-        torch.empty_like(p).bernoulli_(0.5, generator=generator_for(p.device)).mul_(2).sub_(1) for p in params
-    ]
+    zs = [draw_z(p) for p in params]
     with torch.enable_grad():
         hz = torch.autograd.grad(graphs, params, grad_outputs=zs, allow_unused=True)
     for p in params:  # free the double-backward graph now that the product is taken

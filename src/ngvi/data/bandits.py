@@ -1,0 +1,306 @@
+r"""Contextual-bandit problems built from UCI data, following Riquelme, Tucker & Snoek (2018),
+"Deep Bayesian Bandits Showdown" (ICLR), and their ``deep_contextual_bandits`` data sampler.
+
+A :class:`BanditDataset` holds one context per round and the reward every action *would* earn there
+(``rewards[t, a]``), so an agent's regret can be computed offline. Reward conventions:
+
+**Mushroom** (UCI Mushroom, 8124 rows, 2 actions: 0 = don't eat, 1 = eat). Not eating earns ``r_noeat = 0``.
+Eating an edible mushroom earns ``r_eat_safe = +5``. Eating a poisonous one earns ``r_eat_poison_bad = -35``
+with probability ``prob_poison_bad = 1/2`` and ``r_eat_poison_good = +5`` otherwise (one draw per round,
+stored in ``rewards``). The optimal action is the one with the higher *expected* reward (eat iff edible with
+the defaults; ties go to eating), and ``opt_rewards`` is that expected reward (5 or 0).
+Contexts are the one-hot encoding of the 22 categorical attributes (117 columns, not standardised; a missing
+stalk-root ``?`` is its own category). With ``num_contexts`` rows are drawn *with replacement*, as in the
+reference sampler; without it every row appears once in a seeded random order.
+
+**Statlog (Shuttle)** (``shuttle.trn``, 43,500 rows, 9 numeric features, 7 actions = the 7 classes) and
+**Adult** (``adult.data`` + ``adult.test`` = 48,842 rows; rows with a missing value ``?`` dropped, leaving
+45,222; 14 actions = the occupation, column 6). Both are *classification bandits*: the reward is 1 for the
+action equal to the true class and 0 otherwise, so ``opt_rewards`` is all ones and ``opt_actions`` the class.
+Contexts are standardised (mean 0, std 1 over the returned rows; constant columns are only centred). Adult's
+contexts are the 6 numeric columns followed by one-hot encodings of the 8 other categorical columns (including
+the income label, as in the reference code; test labels lose their trailing ``.``), 92 columns in all.
+
+Differences from the reference code, both for stability across subsamples: adult's occupation codes and
+one-hot columns use the categories of the full data set rather than of the sampled rows, so
+``num_actions = 14`` and ``context_dim = 92`` for every ``num_contexts``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ._files import PathLike, data_path
+
+#: Class fraction below which ``remove_underrepresented=True`` drops rows (as in the reference code).
+UNDERREPRESENTED_FRACTION = 0.0005
+
+SHUTTLE_CLASSES = ("Rad Flow", "Fpv Close", "Fpv Open", "High", "Bypass", "Bpv Close", "Bpv Open")
+_SHUTTLE_ROWS = {"train": 43500, "test": 14500}
+_ADULT_NUMERIC = (0, 2, 4, 10, 11, 12)
+_ADULT_CATEGORICAL = (1, 3, 5, 7, 8, 9, 13, 14)
+_ADULT_LABEL = 6
+
+
+@dataclass(frozen=True)
+class BanditDataset:
+    """Contexts ``[n, d]``, the reward of every action ``[n, k]``, and the optimal action's expected reward.
+
+    ``labels`` is the class of each row (mushroom: 1 = edible, 0 = poisonous; classification bandits: the
+    true class, equal to ``opt_actions``).
+    """
+
+    name: str
+    contexts: np.ndarray
+    rewards: np.ndarray
+    opt_rewards: np.ndarray
+    opt_actions: np.ndarray
+    labels: np.ndarray
+    action_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return self.contexts.shape[0]
+
+    @property
+    def num_actions(self) -> int:
+        return self.rewards.shape[1]
+
+    @property
+    def context_dim(self) -> int:
+        return self.contexts.shape[1]
+
+    def to_torch(
+        self, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(contexts, rewards)`` as tensors."""
+        return (
+            torch.as_tensor(self.contexts, dtype=dtype, device=device),
+            torch.as_tensor(self.rewards, dtype=dtype, device=device),
+        )
+
+
+def one_hot(values: Sequence[str], categories: Sequence[str]) -> np.ndarray:
+    """Indicator matrix ``[len(values), len(categories)]``; every value must be one of ``categories``."""
+    index = {c: i for i, c in enumerate(categories)}
+    out = np.zeros((len(values), len(categories)))
+    out[np.arange(len(values)), [index[v] for v in values]] = 1.0
+    return out
+
+
+def standardize_contexts(contexts: np.ndarray) -> np.ndarray:
+    """Columns centred and divided by their std (ddof=0); zero-std columns are only centred."""
+    std = contexts.std(0)
+    return (contexts - contexts.mean(0)) / np.where(std > 0, std, 1.0)
+
+
+def classification_bandit(
+    contexts: np.ndarray,
+    labels: np.ndarray,
+    num_actions: int | None = None,
+    *,
+    name: str = "classification",
+    action_names: Sequence[str] | None = None,
+) -> BanditDataset:
+    """A classification bandit: standardised contexts, reward 1 for the true class and 0 for the others."""
+    labels = np.asarray(labels, dtype=np.int64)
+    k = int(labels.max()) + 1 if num_actions is None else num_actions
+    if labels.min() < 0 or labels.max() >= k:
+        raise ValueError(f"labels must lie in [0, {k})")
+    rewards = np.zeros((len(labels), k))
+    rewards[np.arange(len(labels)), labels] = 1.0
+    names = tuple(action_names) if action_names is not None else tuple(str(a) for a in range(k))
+    return BanditDataset(
+        name=name,
+        contexts=standardize_contexts(np.asarray(contexts, dtype=np.float64)),
+        rewards=rewards,
+        opt_rewards=np.ones(len(labels)),
+        opt_actions=labels.copy(),
+        labels=labels,
+        action_names=names,
+    )
+
+
+def _remove_underrepresented(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.bincount(labels)
+    keep = counts[labels] / len(labels) >= UNDERREPRESENTED_FRACTION
+    return x[keep], labels[keep]
+
+
+def _take(n_total: int, num_contexts: int | None, shuffle: bool, rng: np.random.Generator) -> np.ndarray:
+    order = rng.permutation(n_total) if shuffle else np.arange(n_total)
+    if num_contexts is None:
+        return order
+    if not 0 < num_contexts <= n_total:
+        raise ValueError(f"num_contexts must be in [1, {n_total}], got {num_contexts}")
+    return order[:num_contexts]
+
+
+def _read_csv_rows(rel: str, data_dir: PathLike | None) -> list[list[str]]:
+    rows = []
+    for line in data_path(rel, data_dir).read_text().splitlines():
+        if line.strip() and not line.startswith("|"):
+            rows.append([field.strip() for field in line.split(",")])
+    return rows
+
+
+def load_mushroom_bandit(
+    num_contexts: int | None = None,
+    *,
+    seed: int = 0,
+    data_dir: PathLike | None = None,
+    r_noeat: float = 0.0,
+    r_eat_safe: float = 5.0,
+    r_eat_poison_bad: float = -35.0,
+    r_eat_poison_good: float = 5.0,
+    prob_poison_bad: float = 0.5,
+) -> BanditDataset:
+    """The mushroom bandit of Riquelme et al. (2018); see the module docstring for the rewards."""
+    if not 0.0 <= prob_poison_bad <= 1.0:
+        raise ValueError(f"prob_poison_bad must lie in [0, 1], got {prob_poison_bad}")
+    rows = _read_csv_rows("bandits/mushroom/agaricus-lepiota.data", data_dir)
+    if len(rows) != 8124 or {len(r) for r in rows} != {23}:
+        raise ValueError("agaricus-lepiota.data should hold 8124 rows of 23 fields")
+    columns = list(zip(*rows, strict=True))
+    if set(columns[0]) != {"e", "p"}:
+        raise ValueError("the first mushroom column should hold the class, 'e' or 'p'")
+    features = np.hstack([one_hot(col, sorted(set(col))) for col in columns[1:]])
+    edible_all = np.array([c == "e" for c in columns[0]])
+
+    rng = np.random.default_rng(seed)
+    n_total = len(rows)
+    if num_contexts is None:
+        idx = rng.permutation(n_total)
+    elif num_contexts > 0:
+        idx = rng.integers(0, n_total, size=num_contexts)
+    else:
+        raise ValueError(f"num_contexts must be positive, got {num_contexts}")
+    edible = edible_all[idx]
+    harmed = rng.random(len(idx)) < prob_poison_bad
+    eat = np.where(edible, r_eat_safe, np.where(harmed, r_eat_poison_bad, r_eat_poison_good))
+    rewards = np.stack([np.full(len(idx), float(r_noeat)), eat], axis=1)
+
+    exp_poison = prob_poison_bad * r_eat_poison_bad + (1.0 - prob_poison_bad) * r_eat_poison_good
+    exp_eat = np.where(edible, r_eat_safe, exp_poison)
+    opt_actions = (exp_eat >= r_noeat).astype(np.int64)
+    return BanditDataset(
+        name="mushroom",
+        contexts=features[idx],
+        rewards=rewards,
+        opt_rewards=np.maximum(exp_eat, r_noeat),
+        opt_actions=opt_actions,
+        labels=edible.astype(np.int64),
+        action_names=("no eat", "eat"),
+    )
+
+
+def load_shuttle(
+    split: Literal["train", "test"] = "train", data_dir: PathLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Statlog (Shuttle) as a classification set: float64 features ``[n, 9]`` and classes 0-6 (file's 1-7)."""
+    if split not in _SHUTTLE_ROWS:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    ext = "trn" if split == "train" else "tst"
+    path = data_path(f"bandits/statlog_shuttle/shuttle.{ext}", data_dir)
+    data = np.loadtxt(path, dtype=np.float64, ndmin=2)
+    if data.shape != (_SHUTTLE_ROWS[split], 10):
+        raise ValueError(f"shuttle.{ext} should be {_SHUTTLE_ROWS[split]} x 10, got {data.shape}")
+    labels = data[:, -1].astype(np.int64) - 1
+    if labels.min() < 0 or labels.max() > 6:
+        raise ValueError(f"shuttle.{ext}: classes should be 1-7")
+    return data[:, :-1], labels
+
+
+def load_shuttle_bandit(
+    num_contexts: int | None = None,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    remove_underrepresented: bool = False,
+    data_dir: PathLike | None = None,
+) -> BanditDataset:
+    """The Statlog (Shuttle) classification bandit (``shuttle.trn``), 7 actions; see the module docstring.
+
+    Rows are shuffled (seeded) and the first ``num_contexts`` kept; ``remove_underrepresented`` then drops
+    classes below 0.05% of the kept rows (classes 6 and 7 of the full file), but still offers 7 actions.
+    """
+    x, labels = load_shuttle("train", data_dir)
+    idx = _take(len(labels), num_contexts, shuffle, np.random.default_rng(seed))
+    x, labels = x[idx], labels[idx]
+    if remove_underrepresented:
+        x, labels = _remove_underrepresented(x, labels)
+    return classification_bandit(x, labels, 7, name="statlog_shuttle", action_names=SHUTTLE_CLASSES)
+
+
+def _adult_table(data_dir: PathLike | None) -> list[list[str]]:
+    rows = []
+    for rel, n_expected in (("bandits/adult/adult.data", 32561), ("bandits/adult/adult.test", 16281)):
+        part = _read_csv_rows(rel, data_dir)
+        if len(part) != n_expected or {len(r) for r in part} != {15}:
+            raise ValueError(f"{rel} should hold {n_expected} rows of 15 fields")
+        rows.extend(part)
+    for r in rows:
+        r[14] = r[14].rstrip(".")
+    return [r for r in rows if "?" not in r]
+
+
+def _adult_encoded(data_dir: PathLike | None) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Unstandardised adult contexts, occupation codes and names; cached while the files are unchanged."""
+    paths = [data_path(f"bandits/adult/{f}", data_dir) for f in ("adult.data", "adult.test")]
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+    return _adult_encoded_cached(stamp, data_dir)
+
+
+@functools.lru_cache(maxsize=2)
+def _adult_encoded_cached(
+    _stamp: tuple[tuple[str, int, int], ...], data_dir: PathLike | None
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    columns = list(zip(*_adult_table(data_dir), strict=True))
+    occupations = tuple(sorted(set(columns[_ADULT_LABEL])))
+    code = {o: i for i, o in enumerate(occupations)}
+    labels = np.array([code[o] for o in columns[_ADULT_LABEL]], dtype=np.int64)
+    numeric = np.array([columns[c] for c in _ADULT_NUMERIC], dtype=np.float64).T
+    encoded = [one_hot(columns[c], sorted(set(columns[c]))) for c in _ADULT_CATEGORICAL]
+    x = np.hstack([numeric, *encoded])
+    x.setflags(write=False)
+    labels.setflags(write=False)
+    return x, labels, occupations
+
+
+def load_adult_bandit(
+    num_contexts: int | None = None,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    remove_underrepresented: bool = False,
+    data_dir: PathLike | None = None,
+) -> BanditDataset:
+    """The Adult classification bandit: 14 actions = occupation; see the module docstring."""
+    x, labels, occupations = _adult_encoded(data_dir)
+    idx = _take(len(labels), num_contexts, shuffle, np.random.default_rng(seed))
+    x, labels = x[idx], labels[idx]
+    if remove_underrepresented:
+        x, labels = _remove_underrepresented(x, labels)
+    return classification_bandit(x, labels, len(occupations), name="adult", action_names=occupations)
+
+
+BANDIT_LOADERS = {
+    "mushroom": load_mushroom_bandit,
+    "statlog": load_shuttle_bandit,
+    "shuttle": load_shuttle_bandit,
+    "statlog_shuttle": load_shuttle_bandit,
+    "adult": load_adult_bandit,
+}
+
+
+def load_bandit(name: str, num_contexts: int | None = None, **kwargs: object) -> BanditDataset:
+    """Dispatch by name: ``"mushroom"``, ``"statlog"`` (or ``"shuttle"``), ``"adult"``."""
+    key = name.strip().lower()
+    if key not in BANDIT_LOADERS:
+        raise ValueError(f"unknown bandit data set {name!r}; known: mushroom, statlog, adult")
+    return BANDIT_LOADERS[key](num_contexts, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Experiments, each one command of the ``ngvi`` CLI that writes a results folder."""

@@ -48,11 +48,8 @@ __all__ = [
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
-<<<<<<< HEAD
-    "curvature",
-=======
     "baselines",
->>>>>>> main
+    "curvature",
     "metrics",
     "predict",
 ]

@@ -214,7 +214,7 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
         for p in params:
             i = self._layer_of[p]
             if p is not self._hooks.layers[i].params[0]:
-                out.append(p.new_zeros(0))
+                out.append(p.new_zeros(1))  # a placeholder: the layer's factors travel with its first param
             elif i not in factors:
                 missing.append(p)
             else:
@@ -236,7 +236,7 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
             st = states[ks[0]]
             new: dict[str, Any] = {}
             a, s = st["factor_A"], st["factor_S"]
-            if curvs is not None and curvs[ks[0]].numel():
+            if curvs is not None:
                 count = st["factor_updates"] + 1
                 weight = max(beta, 1.0 / count)
                 flat = curvs[ks[0]]

@@ -228,7 +228,8 @@ def test_factor_average_warm_start():
 def test_true_fisher_noisy_kfac_recovers_the_full_covariance_posterior():
     """One output: S is 1×1, so the MVG family contains the exact posterior N(P⁻¹τX̄ᵀy, P⁻¹) with
     P = τX̄ᵀX̄ + I/η. The covariance of posterior().sample(n) is within 10% (relative Frobenius), and the mean
-    within 0.1 std."""
+    within 0.1 std. (The remaining ~6% is eq. 13's π-split damping, (S + √γ/π)⊗(A + π√γ I) instead of
+    S⊗A + γI: with the exact S = τ the split alone gives the same error.)"""
     n, d, tau, prior_var = 1000, 4, 1.5, 10.0
     gen = torch.Generator().manual_seed(0)
     mix = torch.eye(d) + 0.5 * torch.randn(d, d, generator=gen)  # strongly correlated features
@@ -253,19 +254,20 @@ def test_true_fisher_noisy_kfac_recovers_the_full_covariance_posterior():
         prior_var=prior_var,
         damping=0.0,
         inv_every=10,
+        mc_samples=4,  # quarters the variance of the mean's random walk
         curvature="fisher",
         likelihood="gaussian",
         noise_prec=tau,
         seed=0,
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.99**t, 0.01))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.99**t, 0.005))
 
     def closure():
         opt.zero_grad()
         out = model(x)
         return 0.5 * tau * (out - y).square().sum(1).mean(), out
 
-    for _ in range(500):
+    for _ in range(600):
         opt.step(closure)
         sched.step()
     post = opt.posterior()

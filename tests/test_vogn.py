@@ -186,6 +186,7 @@ def test_fisher_vogn_reaches_the_exact_mean_field_posterior():
         beta=0.05,
         prior_prec=prior,
         init_prec=100.0,
+        mc_samples=2,  # halves the variance of the mean's random walk
         curvature="fisher",
         likelihood="gaussian",
         noise_prec=tau,

@@ -1,16 +1,18 @@
 """Step time and peak memory of VOGN and noisy K-FAC relative to torch.optim.Adam, measured in one run.
 
-    python benchmarks/bench_curvature.py                       # CPU, writes docs/results/bench/curvature.md
-    python benchmarks/bench_curvature.py --device cuda --out -   # print only
+    python benchmarks/bench_curvature.py --threads 1,2           # CPU; writes docs/results/bench/curvature.md
+    python benchmarks/bench_curvature.py --device cuda --out -     # print only
 
 Models: the MLP 784-1000-1000-10 (batch 256) and a small CNN (conv 32 → pool → conv 64 → pool → 128 → 10 on
 1×28×28, batch 256), random data. Every optimizer trains its own copy of the same initial weights.
 
-**Time.** After a warm-up, the optimizers take turns: each round times ``inv_every`` (20) consecutive steps of
-each optimizer, so that slow drifts of the machine hit all of them alike. A step is what a training loop
+**Time.** After a warm-up, the optimizers take turns one step at a time (``rounds`` × 20 steps each), so
+that changes in the load of the machine hit all of them alike. A step is what a training loop
 does: ``opt.step(closure)`` with zero_grad, forward, loss, backward inside the closure (for Adam the closure
 is called, then ``adam.step()``). Adam and VOGN are reported by the median step; noisy K-FAC by its mean
 over whole inversion cycles (its amortised step: 19 cheap steps and one with the factor inversions).
+Two more rows time a plain forward/backward and the same with the curvature hooks computing VOGN's
+(1/M)Σᵢgᵢ² (no optimizer): the cost of the per-example statistics on their own.
 
 **Memory.** The peak of live tensor bytes during one training step, from the torch.profiler memory
 timeline (``profile_memory=True``): parameters, gradients, optimizer state, activations and every
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import platform
 import statistics
 import sys
@@ -141,6 +144,23 @@ def peak_step_bytes(step: Callable[[], None], device: torch.device) -> float:
     return float(np.asarray(sizes).sum(1).max())
 
 
+def backward_steps(model: nn.Module, x, y) -> dict[str, Callable[[], None]]:
+    """A plain forward/backward, and the same with the hooks and VOGN's (1/M)Σᵢgᵢ² (no optimizer)."""
+    model = copy.deepcopy(model)
+    hooks = ngvi.curvature.CurvatureHooks(model)
+
+    def plain():
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+
+    def hooked():
+        with hooks.recording():
+            plain()
+            hooks.mean_sq_grads()
+
+    return {"backward": plain, "backward+hooks": hooked}
+
+
 def bench_model(name, factory, batch, n_rounds, warmup, device, seed=0) -> list[dict]:
     torch.manual_seed(seed)
     model = factory().to(device)
@@ -148,34 +168,36 @@ def bench_model(name, factory, batch, n_rounds, warmup, device, seed=0) -> list[
     y = torch.randint(0, 10, (batch,), device=device)
     entries = make_optimizers(model, n=60000)
     steps = {k: step_fn(m, o, fisher, x, y) for k, (m, o, fisher) in entries.items()}
+    steps.update(backward_steps(model, x, y))
     for step in steps.values():
         for _ in range(warmup):
             step()
     times = {k: [] for k in steps}
-    for _ in range(n_rounds):
+    for _ in range(n_rounds * INV_EVERY):  # one step of each in turn: load changes hit all alike
         for k, step in steps.items():
-            for _ in range(INV_EVERY):
-                sync(device)
-                t0 = time.perf_counter()
-                step()
-                sync(device)
-                times[k].append(time.perf_counter() - t0)
+            sync(device)
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            times[k].append(time.perf_counter() - t0)
     memory = {k: peak_step_bytes(step, device) for k, step in steps.items()}
     rows = []
     for k in steps:
         med, mean = statistics.median(times[k]), statistics.fmean(times[k])
         amortised = k == "noisy-kfac"
-        adam = statistics.fmean(times["adam"]) if amortised else statistics.median(times["adam"])
+        reference = "backward" if k.startswith("backward") else "adam"
+        ref = statistics.fmean(times[reference]) if amortised else statistics.median(times[reference])
         rows.append(
             dict(
+                threads=torch.get_num_threads(),
                 model=name,
                 optimizer=k,
                 median_ms=1e3 * med,
                 mean_ms=1e3 * mean,
-                time_ratio=(mean if amortised else med) / adam,
-                ratio_of="mean (amortised)" if amortised else "median",
+                time_ratio=(mean if amortised else med) / ref,
+                ratio_of=("mean, amortised" if amortised else "median") + f", vs {reference}",
                 peak_mb=memory[k] / 2**20,
-                memory_ratio=memory[k] / memory["adam"],
+                memory_ratio=memory[k] / memory[reference],
                 steps=len(times[k]),
             )
         )
@@ -183,12 +205,13 @@ def bench_model(name, factory, batch, n_rounds, warmup, device, seed=0) -> list[
 
 
 def table(rows: list[dict]) -> str:
-    head = "| model | optimizer | median ms | mean ms | time / Adam | peak MB | memory / Adam |"
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|"]
+    head = "| threads | model | step | median ms | mean ms | time ratio | peak MB | memory ratio |"
+    lines = [head, "|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['optimizer']} | {r['median_ms']:.1f} | {r['mean_ms']:.1f} | "
-            f"{r['time_ratio']:.2f} ({r['ratio_of']}) | {r['peak_mb']:.1f} | {r['memory_ratio']:.2f} |"
+            f"| {r['threads']} | {r['model']} | {r['optimizer']} | {r['median_ms']:.1f} | "
+            f"{r['mean_ms']:.1f} | **{r['time_ratio']:.2f}** ({r['ratio_of']}) | {r['peak_mb']:.1f} | "
+            f"{r['memory_ratio']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -196,25 +219,29 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of 20 timed steps per optimizer")
+    parser.add_argument("--rounds", type=int, default=4, help="timed steps per optimizer, in units of 20")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--models", default="mlp,cnn")
-    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--threads", default="0", help="intra-op thread counts, e.g. 1,2 (0: torch's default)"
+    )
     parser.add_argument("--out", default="docs/results/bench/curvature.md", help="Markdown file or -")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     factories = {"mlp": mlp, "cnn": cnn}
     rows = []
-    for name in args.models.split(","):
-        rows += bench_model(name, factories[name], args.batch, args.rounds, args.warmup, device)
-        print(table([r for r in rows if r["model"] == name]), flush=True)
+    default_threads = torch.get_num_threads()
+    for threads in [int(t) or default_threads for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        for name in args.models.split(","):
+            new = bench_model(name, factories[name], args.batch, args.rounds, args.warmup, device)
+            print(table(new), flush=True)
+            rows += new
     where = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
-        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     )
     command = " ".join(argv if argv is not None else sys.argv[1:])
     report = "\n".join(
@@ -225,13 +252,15 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"torch {torch.__version__}, {device.type} ({where}), batch {args.batch}, "
             f"{args.rounds}×{INV_EVERY} timed steps per optimizer after {args.warmup} warm-up steps, "
-            "optimizers interleaved in rounds.",
+            "the optimizers taking turns one step at a time.",
             "",
             table(rows),
             "",
-            "Time: median step for Adam and VOGN; noisy K-FAC is the mean over whole cycles of inv_every=20 "
-            "steps (amortised), against Adam's mean. Memory: peak live tensor bytes during one training step "
-            "(torch.profiler memory timeline on CPU; torch.cuda.max_memory_allocated on CUDA).",
+            "Time ratio: median step against Adam's median for Adam and VOGN; noisy K-FAC is the mean over "
+            "whole cycles of inv_every=20 steps (amortised) against Adam's mean. The `backward` rows are a "
+            "plain forward/backward and the same with the curvature hooks and VOGN's (1/M)Σᵢgᵢ², no "
+            "optimizer: the cost of the per-example statistics alone. Memory: peak live tensor bytes during "
+            "one step (torch.profiler memory timeline on CPU; torch.cuda.max_memory_allocated on CUDA).",
             "",
         ]
     )

@@ -233,6 +233,9 @@ def test_fisher_closure_that_calls_backward_is_refused():
         assert torch.equal(p, b)
     with pytest.raises(TypeError, match=r"\(loss, output\)"):
         opt.step(ef_closure(opt, model, x, y))
+    out = model(x)
+    with pytest.raises(RuntimeError, match="inside"):
+        opt.backward(F.cross_entropy(out, y), out)  # outside sampled_params(train=True)
 
 
 def test_curvature_options_are_validated():

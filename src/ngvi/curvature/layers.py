@@ -14,9 +14,9 @@ layer input as activations ``a`` of shape [m, G, T, d] and the recorded output g
 * ``nn.Linear`` (input [M, ..., d_in]): G = 1, T = the product of the middle dims (1 for a plain batch),
   a = the input rows.
 * ``nn.Conv2d`` (KFC, Grosse & Martens 2016): T = the output pixels, a = the unfolded input patches
-  (im2col), d = (C_in/G)·k_h·k_w in the weight's own (channel, row, column) order. Padding is applied
-  explicitly first, so every ``padding`` ("same", "valid", ints) and ``padding_mode`` is handled by one path;
-  stride and dilation go to ``F.unfold``.
+  (im2col), d = (C_in/G)·k_h·k_w in the weight's own (channel, row, column) order. Symmetric zero padding,
+  stride and dilation go to ``F.unfold``; other padding ("same" with an even kernel, reflect, replicate,
+  circular) is applied explicitly first, exactly as ``nn.Conv2d`` pads.
 
 * ``nn.LayerNorm`` / ``nn.GroupNorm`` (elementwise affine): y = x̂ ⊙ w + b is, for every element k of w,
   a 1×1 layer on its own input x̂ₖ (the normalised input, recomputed from the recorded input). So
@@ -96,11 +96,15 @@ class Conv2dKind(LayerKind):
 
     def acts(self, module, x, start, stop):
         x = x[start:stop]
-        pads = self._pads(module)
-        if any(pads):
+        padding: tuple[int, int] | int = 0
+        if module.padding_mode == "zeros" and not isinstance(module.padding, str):
+            padding = module.padding  # symmetric zero padding: let unfold do it, without a padded copy
+        elif any(pads := self._pads(module)):
             mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
             x = F.pad(x, pads, mode=mode)
-        cols = F.unfold(x, module.kernel_size, dilation=module.dilation, stride=module.stride)
+        cols = F.unfold(
+            x, module.kernel_size, dilation=module.dilation, padding=padding, stride=module.stride
+        )
         g = module.groups
         return cols.view(cols.shape[0], g, cols.shape[1] // g, cols.shape[2]).transpose(2, 3)
 

@@ -74,7 +74,7 @@ def mean_sq_grads(
             b_sq = g2.sum(0)
     else:
         positions = sum(g.shape[2] for g in grads)
-        per_example = groups * (positions * cols + rows * cols + rows)
+        per_example = groups * (2 * positions * cols + rows * cols + rows)  # patches (+ a copy), Gᵢ
         chunk = max(1, chunk_bytes // (per_example * torch.finfo(dtype).bits // 8))
         w_acc = grads[0].new_zeros(groups, rows, cols) if weight else None
         b_acc = grads[0].new_zeros(groups, rows) if bias else None
@@ -126,7 +126,7 @@ def kfac_factors(
         s_acc.baddbmm_(flat.transpose(1, 2), flat)
         if not weight:
             continue
-        chunk = max(1, chunk_bytes // (groups * t * cols * torch.finfo(dtype).bits // 8))
+        chunk = max(1, chunk_bytes // (2 * groups * t * cols * torch.finfo(dtype).bits // 8))  # + a copy
         for start in range(0, batch, chunk):
             stop = min(batch, start + chunk)
             a = kind.acts(module, call.x, start, stop).to(dtype)

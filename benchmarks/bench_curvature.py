@@ -12,7 +12,8 @@ does: ``opt.step(closure)`` with zero_grad, forward, loss, backward inside the c
 is called, then ``adam.step()``). Adam and VOGN are reported by the median step; noisy K-FAC by its mean
 over whole inversion cycles (its amortised step: 19 cheap steps and one with the factor inversions).
 Two more rows time a plain forward/backward and the same with the curvature hooks computing VOGN's
-(1/M)Σᵢgᵢ² (no optimizer): the cost of the per-example statistics on their own.
+(1/M)Σᵢgᵢ² (no optimizer): the cost of the per-example statistics on their own. ``ngvi.Vadam`` is timed
+too: it draws and restores weight samples exactly as VOGN does (the engine), without per-example statistics.
 
 **Memory.** The peak of live tensor bytes during one training step, from the torch.profiler memory
 timeline (``profile_memory=True``): parameters, gradients, optimizer state, activations and every
@@ -74,6 +75,9 @@ def make_optimizers(model: nn.Module, n: int) -> dict[str, tuple[torch.optim.Opt
     models["adam"] = copy_of()
     opts["adam"] = (torch.optim.Adam(models["adam"].parameters(), lr=1e-3, foreach=True), False)
     # A tight initial posterior (σ₀ ≈ 0.01) keeps the random-data losses tame; it does not change the cost.
+    # Vadam samples weights the same way but needs no per-example statistics: VOGN/Vadam isolates their cost.
+    models["vadam"] = copy_of()
+    opts["vadam"] = (ngvi.Vadam(models["vadam"].parameters(), n, lr=1e-3, init_prec=1e4, seed=0), False)
     models["vogn"] = copy_of()
     opts["vogn"] = (ngvi.VOGN(models["vogn"], n, lr=1e-3, beta=1e-3, init_prec=1e4, seed=0), False)
     models["vogn-fisher"] = copy_of()
@@ -256,11 +260,12 @@ def main(argv: list[str] | None = None) -> None:
             "",
             table(rows),
             "",
-            "Time ratio: median step against Adam's median for Adam and VOGN; noisy K-FAC is the mean over "
-            "whole cycles of inv_every=20 steps (amortised) against Adam's mean. The `backward` rows are a "
-            "plain forward/backward and the same with the curvature hooks and VOGN's (1/M)Σᵢgᵢ², no "
-            "optimizer: the cost of the per-example statistics alone. Memory: peak live tensor bytes during "
-            "one step (torch.profiler memory timeline on CPU; torch.cuda.max_memory_allocated on CUDA).",
+            "Time ratio: median step against Adam's median for Adam, Vadam and VOGN; noisy K-FAC is the "
+            "mean over whole cycles of inv_every=20 steps (amortised) against Adam's mean. The `backward` "
+            "rows are a plain forward/backward and the same with the curvature hooks and VOGN's "
+            "(1/M)Σᵢgᵢ², no optimizer: the cost of the per-example statistics alone. Memory: peak live "
+            "tensor bytes during one step (torch.profiler memory timeline on CPU; "
+            "torch.cuda.max_memory_allocated on CUDA).",
             "",
         ]
     )

@@ -24,7 +24,7 @@ of Alg. 2's γ_in·W under q).
 Choices the paper leaves open, and ours:
 
 * **Start.** A = S = 0, so q₀ is the prior N(0, η) (as noisy Adam's f = 0). The factor EMAs use the
-  weight max(β, 1/k) at their k-th update (K-FAC's warm start, Martens & Grosse 2015 §5): a running mean
+  weight max(β, 1/k) at their k-th update (K-FAC's warm start, Martens & Grosse 2015): a running mean
   until k = 1/β, so the first update is not taken with near-zero factors.
 * **Schedule.** Statistics at steps t with (t−1) mod T_stats = 0 and inverses at (t−1) mod T_inv = 0, i.e.
   at the first step and every T steps after (Alg. 2's k ≡ 0 would use uninverted factors until step T_inv).

@@ -14,36 +14,42 @@ Bayesian deep learning as easy as training with Adam::
     posterior = opt.posterior()                               # DiagonalGaussian
 """
 
-from . import baselines, metrics
+from . import baselines, curvature, metrics
 from .optim import (
     IVON,
+    VOGN,
     VON,
     BAdam,
     NoisyAdam,
+    NoisyKFAC,
     NonFiniteGradientError,
     VadaGrad,
     Vadam,
     VariationalOptimizer,
     Vprop,
 )
-from .posterior import DiagonalGaussian, GaussianPosterior
+from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
 from .predict import predict
 
 __version__ = "0.1.0"
 
 __all__ = [
     "IVON",
+    "VOGN",
     "VON",
     "BAdam",
     "DiagonalGaussian",
     "GaussianPosterior",
+    "KroneckerGaussian",
     "NoisyAdam",
+    "NoisyKFAC",
     "NonFiniteGradientError",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
     "baselines",
+    "curvature",
     "metrics",
     "predict",
 ]

@@ -1,0 +1,58 @@
+r"""Damped Kronecker factors: the π split and the inverses noisy K-FAC needs (NNG eq. 13; K-FAC §6.3).
+
+The posterior precision of a layer is :math:`\frac N\lambda(S\otimes A + \gamma I)`, which has no Kronecker
+form. K-FAC's factored Tikhonov damping replaces it by
+
+.. math::
+    (S + \tfrac{\sqrt\gamma}{\pi} I) \otimes (A + \pi\sqrt\gamma\, I), \qquad
+    \pi = \sqrt{\frac{\operatorname{tr}(A)/\dim A}{\operatorname{tr}(S)/\dim S}},
+
+which keeps the γI term exactly and adds cross terms :math:`\sqrt\gamma(\pi^{-1}A\otimes I + \pi I\otimes S)`;
+π is the split that minimises their norm bound. The split is invariant to rescaling A by c and S by 1/c.
+
+Noisy K-FAC uses two dampings: γ_in = λ/(Nη) (the prior; it defines the posterior, so the samples) and
+γ = γ_in + γ_ex (the update). From one factor X, :func:`damped_inverses` returns
+
+* ``root``: B with :math:`BB^\top = (X + c_{in} I)^{-1}` (the inverse transpose of a Cholesky factor), so
+  that :math:`B_S E B_A^\top` with standard-normal E has the matrix-variate covariance;
+* ``inverse``: :math:`(X + c\,I)^{-1}`, for the preconditioned step :math:`S_\gamma^{-1} V A_\gamma^{-1}`.
+
+Both come from Cholesky factorisations (a third of the work of an eigendecomposition); if one fails (a
+factor that is not numerically PSD), an eigendecomposition with eigenvalues clamped at 0 is used instead.
+Half-precision factors are handled in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def pi_split(a: Tensor, s: Tensor) -> Tensor:
+    """π per group for factors a [G, dA, dA] and s [G, dS, dS]; 1 where a trace is not positive."""
+    mean_a = a.diagonal(dim1=-2, dim2=-1).mean(-1)
+    mean_s = s.diagonal(dim1=-2, dim2=-1).mean(-1)
+    ok = (mean_a > 0) & (mean_s > 0)
+    ratio = torch.where(ok, mean_a / torch.where(ok, mean_s, 1.0), 1.0)
+    return ratio.sqrt()
+
+
+def damped_inverses(x: Tensor, c_root: Tensor, c_inverse: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, (X + c_inverse·I)⁻¹) for a batch x [G, d, d] of PSD matrices; c_* are [G] dampings > 0."""
+    dtype = x.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    x = x.to(work)
+    x = 0.5 * (x + x.mT)
+    eye = torch.eye(x.shape[-1], dtype=work, device=x.device)
+    c_root, c_inverse = c_root.to(work)[:, None, None], c_inverse.to(work)[:, None, None]
+    chol_root, info_root = torch.linalg.cholesky_ex(x + c_root * eye)
+    chol_inv, info_inv = torch.linalg.cholesky_ex(x + c_inverse * eye)
+    if bool((info_root == 0).all()) and bool((info_inv == 0).all()):
+        root = torch.linalg.solve_triangular(chol_root.mT, eye.expand_as(x), upper=True)
+        inverse = torch.cholesky_inverse(chol_inv)
+    else:
+        evals, evecs = torch.linalg.eigh(x)
+        evals = evals.clamp(min=0).unsqueeze(-2)
+        root = evecs * (evals + c_root).rsqrt()
+        inverse = (evecs / (evals + c_inverse)) @ evecs.mT
+    return root.to(dtype), inverse.to(dtype)

@@ -1,0 +1,279 @@
+r"""Noisy K-FAC: NGVI with a matrix-variate Gaussian per layer (Zhang et al. 2018, §3.4, Alg. 2).
+
+In minimisation form, with λ = ``kl_weight``, η = ``prior_var``, γ_in = λ/(Nη) (intrinsic damping, the
+prior) and γ = γ_in + γ_ex (γ_ex = ``damping``), for each layer l with weights W (PyTorch's [out, in]
+orientation, the bias appended as a last column so that W and b share one distribution):
+
+.. math::
+    W &\sim \mathcal{MN}\big(M,\ [S^{\gamma_{in}}]^{-1},\ \tfrac{\lambda}{N}[A^{\gamma_{in}}]^{-1}\big)
+        && \text{(Alg. 2; rows ↔ S, columns ↔ A)} \\
+    A &\leftarrow (1-\beta)A + \beta\,\hat A,\qquad S \leftarrow (1-\beta)S + \beta\,\hat S
+        && (12)\ \text{every } T_{stats} \text{ steps} \\
+    A^{\gamma} &= A + \pi\sqrt\gamma\,I,\qquad S^{\gamma} = S + \tfrac{\sqrt\gamma}{\pi} I
+        && (13)\ \text{inverted every } T_{inv} \text{ steps} \\
+    V &= \hat g + \gamma_{in} M,\qquad M \leftarrow M - \alpha\,[S^{\gamma}]^{-1} V [A^{\gamma}]^{-1}
+
+so the covariance of vec(W) is (λ/N)[S^{γ_in} ⊗ A^{γ_in}]⁻¹ ≈ (λ/N)(S ⊗ A + γ_in I)⁻¹, the damped inverse
+of N/λ times the Kronecker-factored Fisher — eq. (9) with the prior as damping. Â = E[āāᵀ] and
+Ŝ = E[δδᵀ] come from the layer hooks of one forward/backward pass (:mod:`ngvi.curvature`; KFC factors for
+Conv2d), with δ = ∂fᵢ/∂s the per-example pre-activation gradient: of the closure's own loss
+(``curvature="ef"``), or of targets sampled from the model (``"fisher"``, the true Fisher of NNG's
+experiments). ĝ is the gradient of the mean NLL; as in :mod:`.noisy_adam` the prior term uses μ (the mean
+of Alg. 2's γ_in·W under q).
+
+Choices the paper leaves open, and ours:
+
+* **Start.** A = S = 0, so q₀ is the prior N(0, η) (as noisy Adam's f = 0). The factor EMAs use the
+  weight max(β, 1/k) at their k-th update (K-FAC's warm start, Martens & Grosse 2015): a running mean
+  until k = 1/β, so the first update is not taken with near-zero factors.
+* **Schedule.** Statistics at steps t with (t−1) mod T_stats = 0 and inverses at (t−1) mod T_inv = 0, i.e.
+  at the first step and every T steps after (Alg. 2's k ≡ 0 would use uninverted factors until step T_inv).
+  Between inversions, sampling and the update use the last inverses, as in Alg. 2.
+* **Momentum** (Alg. 2 assumes none): heavy-ball on the preconditioned step, buf ← m·buf + S⁻¹VA⁻¹.
+
+π per layer (and per group of a grouped conv) is √((tr A/dim A)/(tr S/dim S)); see :mod:`ngvi.curvature.kfac`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._tensorlist import TensorList
+from ..curvature.kfac import damped_inverses, pi_split
+from ..curvature.likelihoods import Likelihood
+from ..curvature.optimizer import LayerCurvatureMixin
+from ..posterior import KroneckerBlock, KroneckerGaussian
+from . import _validation as check
+from .base import VariationalOptimizer
+
+
+class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
+    """Noisy K-FAC (NNG-MVG) on a model's nn.Linear / nn.Conv2d (and LayerNorm / GroupNorm) layers.
+
+    Args:
+        model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
+            nn.GroupNorm layers (for the normalisation layers each (wₖ, bₖ) pair gets its own 2×2 block).
+        data_size: N.  lr: α.  beta: β, the factor EMA step.  momentum: heavy-ball on the natural step.
+        prior_var: η of the prior N(0, ηI).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
+        stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.
+        curvature: "ef" (the closure's own loss) or "fisher" (targets sampled from ``likelihood``).
+        likelihood, noise_prec, loss_reduction, chunk_bytes: as for :class:`~ngvi.optim.vogn.VOGN`.
+        **engine_kwargs: ``seed``, ``skip_nonfinite``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_size: int,
+        lr: float = 1e-3,
+        beta: float = 0.01,
+        momentum: float = 0.0,
+        prior_var: float = 1.0,
+        kl_weight: float = 1.0,
+        damping: float = 1e-3,
+        stats_every: int = 1,
+        inv_every: int = 20,
+        mc_samples: int = 1,
+        curvature: str = "ef",
+        *,
+        likelihood: str | Likelihood | None = None,
+        noise_prec: float = 1.0,
+        loss_reduction: str = "mean",
+        chunk_bytes: int = 64 * 2**20,
+        **engine_kwargs: Any,
+    ):
+        params = self._attach_model(
+            model,
+            curvature=curvature,
+            likelihood=likelihood,
+            noise_prec=noise_prec,
+            loss_reduction=loss_reduction,
+            chunk_bytes=chunk_bytes,
+        )
+        defaults = dict(
+            data_size=data_size,
+            lr=lr,
+            beta=beta,
+            momentum=momentum,
+            prior_var=prior_var,
+            kl_weight=kl_weight,
+            damping=damping,
+            stats_every=stats_every,
+            inv_every=inv_every,
+        )
+        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        self._groups_frozen = True
+
+    def _init_transient(self) -> None:
+        super()._init_transient()
+        self._layer_of = {p: i for i, layer in enumerate(self._hooks.layers) for p in layer.params}
+
+    def _check_group(self, group):
+        check.positive("data_size", group["data_size"])
+        check.nonnegative("lr", group["lr"])
+        check.unit_interval("beta", group["beta"], closed_low=False, closed_high=True)
+        check.unit_interval("momentum", group["momentum"])
+        check.positive("prior_var", group["prior_var"])
+        check.positive("kl_weight", group["kl_weight"])
+        check.nonnegative("damping", group["damping"])
+        check.positive_int("stats_every", group["stats_every"])
+        check.positive_int("inv_every", group["inv_every"])
+
+    @staticmethod
+    def intrinsic_damping(group: dict[str, Any]) -> float:
+        """γ_in = λ/(Nη)."""
+        return group["kl_weight"] / (group["data_size"] * group["prior_var"])
+
+    # ----------------------------------------------------------------------------------------------------
+    # Layer layout: a layer's parameters as one [G, o, d'] block (weight columns, then the bias column)
+    # ----------------------------------------------------------------------------------------------------
+    def _block_dims(self, index: int) -> tuple[int, int, int]:
+        layer = self._hooks.layers[index]
+        groups, rows, cols = layer.kind.weight_block(layer.module)
+        return groups, rows, (cols if layer.weight is not None else 0) + (layer.bias is not None)
+
+    def _join(self, index: int, tensors: list[Tensor]) -> Tensor:
+        groups, rows, _ = self._block_dims(index)
+        return torch.cat([t.reshape(groups, rows, -1) for t in tensors], dim=-1)
+
+    def _split(self, index: int, block: Tensor) -> list[Tensor]:
+        params = self._hooks.layers[index].params
+        groups, rows, _ = self._block_dims(index)
+        sizes = [p.numel() // (groups * rows) for p in params]  # d for the weight, 1 for the bias
+        return [part.reshape(p.shape) for part, p in zip(block.split(sizes, dim=-1), params, strict=True)]
+
+    def _positions(self, params: list[Tensor]) -> list[tuple[int, list[int]]]:
+        """(layer, indices of its parameters in ``params``) for the layers present in ``params``."""
+        where = {p: k for k, p in enumerate(params)}
+        out = []
+        for i, layer in enumerate(self._hooks.layers):
+            ks = [where.get(p) for p in layer.params]
+            if all(k is None for k in ks):
+                continue
+            if any(k is None for k in ks):
+                raise RuntimeError(
+                    f"NoisyKFAC updates the weight and bias of layer {layer.name!r} together, but only "
+                    "some of them have a gradient or require grad"
+                )
+            out.append((i, ks))
+        return out
+
+    # ----------------------------------------------------------------------------------------------------
+    # The rule
+    # ----------------------------------------------------------------------------------------------------
+    def _init_state(self, group, p, state):
+        i = self._layer_of[p]
+        if p is not self._hooks.layers[i].params[0]:
+            return  # a layer's state lives with its first parameter
+        groups, rows, cols = self._block_dims(i)
+        state["factor_A"] = p.new_zeros(groups, cols, cols)
+        state["factor_S"] = p.new_zeros(groups, rows, rows)
+        state["factor_updates"] = 0
+        state.update(self._inverses(group, state["factor_A"], state["factor_S"]))
+
+    def _inverses(self, group: dict[str, Any], a: Tensor, s: Tensor) -> dict[str, Tensor]:
+        """Sampling roots (damping γ_in) and update inverses (damping γ) of both factors, eq. (13)."""
+        gamma_in = self.intrinsic_damping(group)
+        root_in, root = math.sqrt(gamma_in), math.sqrt(gamma_in + group["damping"])
+        pi = pi_split(a, s)
+        a_root, a_inv = damped_inverses(a, pi * root_in, pi * root)
+        s_root, s_inv = damped_inverses(s, root_in / pi, root / pi)
+        return {"A_root": a_root, "A_inv": a_inv, "S_root": s_root, "S_inv": s_inv}
+
+    def _perturb(self, group, params, noise, states):
+        scale = math.sqrt(group["kl_weight"] / group["data_size"])
+        for i, ks in self._positions(self._trainable(group)):
+            st = states[ks[0]]
+            eps = self._join(i, [noise[k] for k in ks])
+            draw = (st["S_root"] @ eps @ st["A_root"].mT).mul_(scale)  # rows ~ S⁻¹, columns ~ (λ/N) A⁻¹
+            for k, part in zip(ks, self._split(i, draw), strict=True):
+                params[k].add_(part)
+
+    def _precision(self, group, states):
+        """Marginal precisions 1/(U_ii V_jj) (the sampling uses the full Kronecker structure)."""
+        out: list[Tensor | None] = [None] * len(states)
+        scale = group["kl_weight"] / group["data_size"]
+        for i, ks in self._positions(self._trainable(group)):
+            st = states[ks[0]]
+            var = st["S_root"].square().sum(-1)[:, :, None] * st["A_root"].square().sum(-1)[:, None] * scale
+            for k, part in zip(ks, self._split(i, var), strict=True):
+                out[k] = part.reciprocal()
+        return TensorList(out)
+
+    def _curvature(self, group, grads, noise, states):
+        params = [p for p in self._trainable(group) if p.grad is not None]
+        self._mean_gradient(grads)
+        if self.num_steps % group["stats_every"] != 0:
+            return None
+        factors = self._hooks.kfac_factors()
+        out, missing = [], []
+        for p in params:
+            i = self._layer_of[p]
+            if p is not self._hooks.layers[i].params[0]:
+                out.append(p.new_zeros(1))  # a placeholder: the layer's factors travel with its first param
+            elif i not in factors:
+                missing.append(p)
+            else:
+                # The engine averages per-parameter curvature over MC samples and checks it is finite;
+                # a layer's two factors travel together, flattened, with its first parameter.
+                a, s = factors[i]
+                out.append(torch.cat([a.reshape(-1), s.reshape(-1)]))
+        if missing:
+            raise self._missing_curvature(missing)
+        return TensorList(out)
+
+    def _update(self, group, means, grads, curvs, states):
+        params = [p for p in group["params"] if p in self._acc_grad]  # the engine's order of means/grads
+        lr, beta, momentum = group["lr"], group["beta"], group["momentum"]
+        gamma_in = self.intrinsic_damping(group)
+        invert = self.num_steps % group["inv_every"] == 0
+        pending = []  # computed for every layer first, committed after: an error leaves the state as it was
+        for i, ks in self._positions(params):
+            st = states[ks[0]]
+            new: dict[str, Any] = {}
+            a, s = st["factor_A"], st["factor_S"]
+            if curvs is not None:
+                count = st["factor_updates"] + 1
+                weight = max(beta, 1.0 / count)
+                flat = curvs[ks[0]]
+                a = a.lerp(flat[: a.numel()].view_as(a), weight)  # (12)
+                s = s.lerp(flat[a.numel() :].view_as(s), weight)
+                new.update(factor_A=a, factor_S=s, factor_updates=count)
+            if invert:
+                new.update(self._inverses(group, a, s))  # (13)
+            a_inv, s_inv = new.get("A_inv", st["A_inv"]), new.get("S_inv", st["S_inv"])
+            v = self._join(i, [grads[k] for k in ks])
+            v.add_(self._join(i, [means[k] for k in ks]), alpha=gamma_in)  # V = ĝ + γ_in M
+            step = s_inv @ v @ a_inv
+            if momentum:
+                buf = st.get("momentum_buffer")
+                step = step if buf is None else buf.mul(momentum).add_(step)
+                new["momentum_buffer"] = step
+            pending.append((i, ks, st, new, step))
+        for i, ks, st, new, step in pending:
+            st.update(new)
+            for k, part in zip(ks, self._split(i, step), strict=True):
+                means[k].add_(part, alpha=-lr)
+
+    # ----------------------------------------------------------------------------------------------------
+    # The posterior
+    # ----------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def posterior(self) -> KroneckerGaussian:
+        """A snapshot of q: per layer vec(W) ~ N(vec(M), [S^γin]⁻¹ ⊗ (λ/N)[A^γin]⁻¹), in parameter order."""
+        group = self.param_groups[0]
+        params = self._trainable(group)
+        states = [self._state_of(group, p) for p in params]
+        scale = group["kl_weight"] / group["data_size"]
+        blocks = []
+        for _, ks in self._positions(params):
+            st = states[ks[0]]
+            s_root, a_root = st["S_root"].double(), st["A_root"].double()  # BBᵀ in float64 stays PD
+            row_cov = s_root @ s_root.mT
+            col_cov = (a_root @ a_root.mT).mul_(scale)
+            blocks.append(KroneckerBlock(tuple(ks), row_cov, col_cov))
+        return KroneckerGaussian([self._mean_of(p) for p in params], blocks)

@@ -1,0 +1,172 @@
+r"""VOGN: variational online Gauss-Newton (Khan et al. 2018, eqs. 9–10), with natural momentum (App. E).
+
+VOGN is VON with the Gauss-Newton curvature, the mean of squared **per-example** gradients:
+
+.. math::
+    \theta &\sim \mathcal N(\mu,\ \sigma^2),\quad \sigma^2 = 1/[N(s + \tilde\lambda)],
+        \quad \tilde\lambda=\lambda/N \\
+    \hat h &= \tfrac1M \textstyle\sum_{i\in\mathcal M} (\nabla f_i(\theta))^2                       && (9)\\
+    s &\leftarrow (1-\beta)\,s + \beta\,\hat h                                                     && (10)\\
+    \mu &\leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu)/(s + \tilde\lambda)                  && (7)
+
+ĥ ≥ 0, so s stays non-negative without VON's Riemannian correction, and eq. 10 is used as written.
+s₀ = (init_prec − λ)/N, and 0 for ``init_prec=None`` (q₀ is the prior).
+
+The per-example gradients come from hooks on the model's layers (nn.Linear, nn.Conv2d, nn.LayerNorm,
+nn.GroupNorm) during the ordinary backward pass (:mod:`ngvi.curvature`): for a Linear layer
+Σᵢ gᵢ² = (δ²)ᵀ(a²), one extra matrix product.
+
+* ``curvature="ef"``: gᵢ = ∇fᵢ for the closure's own targets (the empirical Fisher, eq. 9 as written).
+* ``curvature="fisher"``: gᵢ = ∇ of −log p(ỹᵢ | xᵢ, θ) with ỹᵢ drawn from the model's predictive
+  (``likelihood=``); E_ỹ[ĥ] is the diagonal of the generalised Gauss-Newton matrix for these likelihoods.
+  The closure returns ``(loss, output)`` without calling backward (see :mod:`ngvi.curvature.optimizer`).
+
+**Natural momentum** (App. E, eqs. 82–83 with the diagonal Gauss-Newton curvature; γ = ``momentum``):
+
+.. math::
+    s_{t+1} &= (1-\beta)\,s_t + \beta\,\hat h \\
+    \mu_{t+1} &= \mu_t - \alpha\,\frac{\hat g + \tilde\lambda\mu_t}{s_{t+1} + \tilde\lambda}
+              + \gamma\,\frac{s_t + \tilde\lambda}{s_{t+1} + \tilde\lambda}\,(\mu_t - \mu_{t-1})
+
+i.e. heavy-ball momentum in which the previous step is re-weighted from the old to the new precision (the
+KL-divergence proximity term of eq. 68 instead of a Euclidean one). α and β here are the paper's step sizes
+ᾱ = β_t/(1−α_t) and γ = α_t/(1−α_t) of eq. 82; ``momentum=0`` is plain VOGN. The buffer holds μ_t − μ_{t−1}.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._tensorlist import TensorList
+from ..curvature.likelihoods import Likelihood
+from ..curvature.optimizer import LayerCurvatureMixin
+from . import _validation as check
+from .base import VariationalOptimizer
+from .von import VON
+
+
+class VOGN(LayerCurvatureMixin, VON):
+    """Variational online Gauss-Newton on a model's supported layers. Precision = N(s + λ̃).
+
+    Args:
+        model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
+            nn.GroupNorm layers (others get a ValueError naming them).
+        data_size: N.  lr: α.  beta: β, the curvature step.  momentum: γ of the natural momentum.
+        prior_prec: λ.  init_prec: precision of q at t=0 (None: the prior's).  mc_samples: samples per step.
+        curvature: "ef" (per-example gradients of the closure's loss) or "fisher" (sampled targets).
+        likelihood: "gaussian", "bernoulli", "categorical" or a :class:`ngvi.curvature.Likelihood`
+            ("fisher" only).  noise_prec: τ of the "gaussian" likelihood.
+        loss_reduction: "mean" (the closure returns (1/M)Σᵢfᵢ) or "sum" (Σᵢfᵢ; ĝ is then divided by M).
+        chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
+        **engine_kwargs: ``seed``, ``skip_nonfinite`` (see :class:`~ngvi.optim.base.VariationalOptimizer`).
+    """
+
+    needs_noise = False  # ĥ comes from the hooks, not from ε (VON's Price estimator reads ε)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_size: int,
+        lr: float = 1e-3,
+        beta: float = 1e-3,
+        momentum: float = 0.0,
+        prior_prec: float = 1.0,
+        init_prec: float | None = None,
+        mc_samples: int = 1,
+        curvature: str = "ef",
+        *,
+        likelihood: str | Likelihood | None = None,
+        noise_prec: float = 1.0,
+        loss_reduction: str = "mean",
+        chunk_bytes: int = 64 * 2**20,
+        **engine_kwargs: Any,
+    ):
+        params = self._attach_model(
+            model,
+            curvature=curvature,
+            likelihood=likelihood,
+            noise_prec=noise_prec,
+            loss_reduction=loss_reduction,
+            chunk_bytes=chunk_bytes,
+        )
+        self.hessian = "gauss-newton"
+        defaults = dict(
+            data_size=data_size,
+            lr=lr,
+            beta=beta,
+            momentum=momentum,
+            prior_prec=prior_prec,
+            init_prec=init_prec,
+        )
+        # VON's __init__ only adds its `hessian` choice; the engine's is the one to run.
+        VariationalOptimizer.__init__(self, params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        self._groups_frozen = True
+
+    def _check_group(self, group):
+        super()._check_group(group)
+        check.unit_interval("momentum", group["momentum"])
+
+    def _init_transient(self) -> None:
+        super()._init_transient()
+        # One parameter-shaped scratch tensor per weight, reused every step: on CPU, freshly allocated
+        # temporaries cost more than the arithmetic done in them (page faults on first touch).
+        self._scratch: dict[torch.Tensor, torch.Tensor] = {}
+
+    def _scratch_for(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = []
+        for p in params:
+            buf = self._scratch.get(p)
+            if buf is None:
+                buf = self._scratch[p] = torch.empty_like(p, memory_format=torch.preserve_format)
+            out.append(buf)
+        return out
+
+    def _perturb(self, group, params, noise, states):
+        # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
+        prior_tilde = group["prior_prec"] / group["data_size"]
+        inv_std = self._scratch_for(self._trainable(group))  # the engine's order of params/noise/states
+        for buf, st in zip(inv_std, states, strict=True):
+            torch.add(st["hess"], prior_tilde, out=buf)
+        torch._foreach_rsqrt_(inv_std)
+        torch._foreach_addcmul_(params.tensors, noise.tensors, inv_std, 1.0 / math.sqrt(group["data_size"]))
+
+    def _curvature(self, group, grads, noise, states):
+        params = [p for p in self._trainable(group) if p.grad is not None]
+        self._mean_gradient(grads)
+        mean_sq = self._hooks.mean_sq_grads()
+        missing = [p for p in params if p not in mean_sq]
+        if missing:
+            raise self._missing_curvature(missing)
+        return TensorList(mean_sq[p] for p in params)
+
+    def _update(self, group, means, grads, curvs, states):
+        # ``curvs`` is the engine's temporary for this step; once s has absorbed it, it holds s + λ̃.
+        beta, momentum, lr = group["beta"], group["momentum"], group["lr"]
+        prior_tilde = group["prior_prec"] / group["data_size"]
+        s = TensorList(st["hess"] for st in states)
+        step = TensorList(self._scratch_for([p for p in group["params"] if p in self._acc_grad]))
+        if momentum:
+            buffers = TensorList(self._momentum_buffer(st) for st in states)  # μ_t − μ_{t−1}
+            for out, s_t in zip(step, s, strict=True):
+                torch.add(s_t, prior_tilde, out=out)  # s_t + λ̃
+            buffers.mul_(step).mul_(momentum)
+        for out, g, m in zip(step, grads, means, strict=True):
+            torch.add(g, m, alpha=prior_tilde, out=out)  # ĝ + λ̃μ
+        s.lerp_(curvs, beta)  # (10)
+        for out, s_t in zip(curvs, s, strict=True):
+            torch.add(s_t, prior_tilde, out=out)  # s_{t+1} + λ̃
+        if not momentum:
+            means.addcdiv_(step, curvs, -lr)  # (7)
+            return
+        buffers.sub_(step, alpha=lr).div_(curvs)  # eq. 82, with μ_t − μ_{t−1} kept in the buffer
+        means.add_(buffers)
+
+    @staticmethod
+    def _momentum_buffer(state: dict[str, Any]) -> torch.Tensor:
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(state["hess"])
+        return state["momentum_buffer"]

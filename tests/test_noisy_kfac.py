@@ -1,0 +1,417 @@
+"""Noisy K-FAC: damping and inverses, one step against Alg. 2 / eqs. 12–13, the sampling distribution,
+exactness on Bayesian linear regression with one output, schedules, and the engine's guarantees."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ngvi
+from ngvi.curvature import CurvatureHooks, damped_inverses, pi_split
+from ngvi.optim.base import NonFiniteGradientError
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two xdist workers on 2 cores: competing thread pools crawl on small ops
+    yield
+    torch.set_num_threads(threads)
+
+
+def dense_posterior_cov(post: ngvi.KroneckerGaussian) -> torch.Tensor:
+    """The dense covariance of a KroneckerGaussian over the flattened parameters, in parameter order."""
+    sizes = [m.numel() for m in post.mean]
+    offsets = [0]
+    for s in sizes:
+        offsets.append(offsets[-1] + s)
+    index = [torch.arange(offsets[i], offsets[i + 1]).reshape(m.shape) for i, m in enumerate(post.mean)]
+    cov = torch.zeros(offsets[-1], offsets[-1], dtype=torch.float64)
+    for b in post.blocks:
+        g, r = b.row_cov.shape[:2]
+        idx = torch.cat([index[i].reshape(g, r, -1) for i in b.params], dim=-1)
+        for k in range(g):
+            flat = idx[k].reshape(-1)
+            cov[flat[:, None], flat[None, :]] = torch.kron(b.row_cov[k].double(), b.col_cov[k].double())
+    return cov
+
+
+def conv_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1, groups=2), nn.Tanh(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3, bias=False)
+    )
+
+
+def batch(seed: int = 1, m: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, 2, 4, 4, generator=g), torch.randint(0, 3, (m,), generator=g)
+
+
+def ef_closure(opt, model, x, y):
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    return closure
+
+
+def fisher_closure(opt, model, x, y):
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        return F.cross_entropy(out, y), out
+
+    return closure
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Damping and inverses
+# ------------------------------------------------------------------------------------------------------------
+def test_damped_inverses_match_dense_algebra():
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64)
+    x = z @ z.mT  # rank 3 of 5: PSD, singular
+    c_root, c_inv = (
+        torch.tensor([0.1, 0.2], dtype=torch.float64),
+        torch.tensor([0.5, 0.3], dtype=torch.float64),
+    )
+    eye = torch.eye(5, dtype=torch.float64)
+    for matrix in (x, x - eye):  # the second is indefinite: Cholesky fails, the eigen path clamps at 0
+        root, inverse = damped_inverses(matrix, c_root, c_inv)
+        evals, evecs = torch.linalg.eigh(matrix)
+        clamped = (evecs * evals.clamp(min=0).unsqueeze(-2)) @ evecs.mT
+        torch.testing.assert_close(root @ root.mT, torch.linalg.inv(clamped + c_root[:, None, None] * eye))
+        torch.testing.assert_close(inverse, torch.linalg.inv(clamped + c_inv[:, None, None] * eye))
+
+
+def test_pi_split_keeps_the_product_invariant_under_rescaling():
+    """π = √((trA/dA)/(trS/dS)); (S + √γ/π)⊗(A + π√γ) is unchanged by A → cA, S → S/c."""
+    gen = torch.Generator().manual_seed(1)
+    a = (lambda z: z @ z.mT)(torch.randn(1, 4, 4, generator=gen, dtype=torch.float64))
+    s = (lambda z: z @ z.mT)(torch.randn(1, 3, 3, generator=gen, dtype=torch.float64))
+    pi = pi_split(a, s)
+    torch.testing.assert_close(
+        pi**2, (a.diagonal(dim1=1, dim2=2).mean(1) / s.diagonal(dim1=1, dim2=2).mean(1))
+    )
+    gamma = 0.01
+
+    def damped_product(a, s):
+        p = pi_split(a, s)[0]
+        return torch.kron(
+            s[0] + math.sqrt(gamma) / p * torch.eye(3), a[0] + p * math.sqrt(gamma) * torch.eye(4)
+        )
+
+    torch.testing.assert_close(damped_product(a, s), damped_product(7.0 * a, s / 7.0))
+    assert pi_split(torch.zeros(1, 4, 4), s).item() == 1.0  # zero factors (the start): no split
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The rule
+# ------------------------------------------------------------------------------------------------------------
+def test_initial_posterior_is_the_prior():
+    """Zero factors: Σ = (λ/N)[√γ_in I ⊗ √γ_in I]⁻¹ = (λ/N)/γ_in = η, whatever the KL weight λ."""
+    model = conv_net()
+    opt = ngvi.NoisyKFAC(model, 100, prior_var=0.3, kl_weight=0.5)
+    post = opt.posterior()
+    for v in post.variance:
+        torch.testing.assert_close(v, torch.full_like(v, 0.3))
+
+
+def test_one_step_follows_alg_2():
+    """Factors (12) with the first-update weight 1, π-split inverses (13), M ← M − α S_γ⁻¹(ĝ + γ_in M)A_γ⁻¹,
+    and the posterior (λ/N)[S^γin ⊗ A^γin]⁻¹, for a Linear layer with bias (the augmented column)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3).double()
+    x, y = torch.randn(16, 4, dtype=torch.float64), torch.randn(16, 3, dtype=torch.float64)
+    n, lr, prior_var, kl, damping = 40, 0.3, 2.0, 0.7, 0.05
+    opt = ngvi.NoisyKFAC(model, n, lr=lr, prior_var=prior_var, kl_weight=kl, damping=damping, seed=0)
+    mu = torch.cat([model.weight.detach(), model.bias.detach()[:, None]], 1)
+    with opt.sampled_params(train=True):
+        twin = copy.deepcopy(model)  # factors at the sample, from hooks already checked by brute force
+        hooks = CurvatureHooks(twin)
+        with hooks.recording():
+            F.mse_loss(twin(x), y).backward()
+            a_hat, s_hat = hooks.kfac_factors()[0]
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        g = torch.cat([model.weight.grad, model.bias.grad[:, None]], 1)
+    opt.step()
+    gamma_in = kl / (n * prior_var)
+    gamma = gamma_in + damping
+    a, s = a_hat[0], s_hat[0]
+    pi = math.sqrt((a.trace() / 5) / (s.trace() / 3))
+    a_gamma = a + pi * math.sqrt(gamma) * torch.eye(5, dtype=torch.float64)
+    s_gamma = s + math.sqrt(gamma) / pi * torch.eye(3, dtype=torch.float64)
+    expected = mu - lr * torch.linalg.solve(s_gamma, g + gamma_in * mu) @ torch.linalg.inv(a_gamma)
+    torch.testing.assert_close(torch.cat([model.weight, model.bias[:, None]], 1).detach(), expected)
+    a_in = a + pi * math.sqrt(gamma_in) * torch.eye(5, dtype=torch.float64)
+    s_in = s + math.sqrt(gamma_in) / pi * torch.eye(3, dtype=torch.float64)
+    cov = kl / n * torch.kron(torch.linalg.inv(s_in), torch.linalg.inv(a_in))  # over vec([W, b]) row-major
+    order = torch.cat([torch.arange(12).reshape(3, 4), torch.arange(12, 15)[:, None]], 1).reshape(-1)
+    dense = dense_posterior_cov(opt.posterior())
+    torch.testing.assert_close(dense[order[:, None], order[None, :]], cov)
+
+
+def test_weight_samples_follow_the_posterior():
+    """θ drawn by sampled_params (the engine's ε through _perturb) has the posterior's mean and covariance.
+    30 weights (conv blocks per group, a 2×2 block per GroupNorm channel, the Linear), 10000 draws: the
+    expected relative Frobenius error is about √(31/10000) ≈ 0.06; a wrong orientation of the factors (rows
+    and columns swapped) gives errors of order 1."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 2, 2, groups=2), nn.GroupNorm(1, 2), nn.Tanh(), nn.Flatten(), nn.Linear(8, 2, bias=False)
+    ).double()
+    opt = ngvi.NoisyKFAC(model, 30, lr=0.1, prior_var=0.5, inv_every=1, seed=0)
+    x, y = batch()
+    x = x[:, :, :3, :3].double()
+    for _ in range(3):
+        opt.step(ef_closure(opt, model, x, y % 2))
+    post = opt.posterior()
+    mean = torch.cat([m.reshape(-1) for m in post.mean])
+    cov = dense_posterior_cov(post)
+    draws = []
+    for _ in range(10000):
+        with opt.sampled_params():
+            draws.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    draws = torch.stack(draws)
+    assert (torch.cov(draws.T) - cov).norm() / cov.norm() < 0.1
+    assert ((draws.mean(0) - mean).abs() / cov.diagonal().sqrt()).max() < 0.05
+
+
+def test_stats_and_inverse_schedules():
+    """Statistics at steps 1, 3, 5, … (stats_every=2); inverses at steps 1, 4, 7, … (inv_every=3)."""
+    model = conv_net()
+    opt = ngvi.NoisyKFAC(model, 64, lr=0.01, stats_every=2, inv_every=3)
+    x, y = batch()
+    carrier = model[0].weight
+    inverses = []
+    for _ in range(7):
+        opt.step(ef_closure(opt, model, x, y))
+        inverses.append(opt.state[carrier]["A_inv"].clone())
+        assert opt.state[carrier]["factor_updates"] == (opt.num_steps + 1) // 2
+    changed = [not torch.equal(inverses[k], inverses[k - 1]) for k in range(1, 7)]
+    assert changed == [False, False, True, False, False, True]
+
+
+def test_factor_average_warm_start():
+    """The EMA weight is max(β, 1/k): the first 1/β updates give the running mean of the batch factors."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2).double()
+    opt = ngvi.NoisyKFAC(model, 50, lr=0.0, beta=0.25, seed=0)
+    hats = []
+    for step in range(6):
+        x = torch.randn(10, 3, dtype=torch.float64) * (1 + step)
+        hooks = CurvatureHooks(model)
+        with hooks.recording():
+            F.mse_loss(model(x), torch.zeros(10, 2, dtype=torch.float64)).backward()
+            hats.append(hooks.kfac_factors()[0][0])
+        opt.step(lambda x=x: ef_closure(opt, model, x, torch.zeros(10, 2, dtype=torch.float64))())
+    expected = hats[0]
+    for k, hat in enumerate(hats[1:], start=2):
+        expected = expected + max(0.25, 1 / k) * (hat - expected)
+    torch.testing.assert_close(opt.state[model.weight]["factor_A"], expected)  # lr=0: the weights never move
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Exactness: Bayesian linear regression with one output
+# ------------------------------------------------------------------------------------------------------------
+def test_true_fisher_noisy_kfac_recovers_the_full_covariance_posterior():
+    """One output: S is 1×1, so the MVG family contains the exact posterior N(P⁻¹τX̄ᵀy, P⁻¹) with
+    P = τX̄ᵀX̄ + I/η. The covariance of posterior().sample(n) is within 10% (relative Frobenius), and the mean
+    within 0.1 std. (The remaining ~6% is eq. 13's π-split damping, (S + √γ/π)⊗(A + π√γ I) instead of
+    S⊗A + γI: with the exact S = τ the split alone gives the same error.)"""
+    n, d, tau, prior_var = 1000, 4, 1.5, 10.0
+    gen = torch.Generator().manual_seed(0)
+    mix = torch.eye(d) + 0.5 * torch.randn(d, d, generator=gen)  # strongly correlated features
+    x = (torch.randn(n, d, generator=gen) @ mix).double()
+    y = (
+        x @ torch.randn(d, 1, generator=gen).double()
+        - 0.5
+        + torch.randn(n, 1, generator=gen).double() / tau**0.5
+    )
+    xb = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)
+    precision = tau * xb.T @ xb + torch.eye(d + 1, dtype=torch.float64) / prior_var
+    exact_cov = torch.linalg.inv(precision)
+    exact_mean = exact_cov @ (tau * xb.T @ y).squeeze(1)
+
+    torch.manual_seed(0)
+    model = nn.Linear(d, 1).double()
+    opt = ngvi.NoisyKFAC(
+        model,
+        n,
+        lr=0.5,
+        beta=0.01,
+        prior_var=prior_var,
+        damping=0.0,
+        inv_every=10,
+        mc_samples=4,  # quarters the variance of the mean's random walk
+        curvature="fisher",
+        likelihood="gaussian",
+        noise_prec=tau,
+        seed=0,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.99**t, 0.005))
+
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        return 0.5 * tau * (out - y).square().sum(1).mean(), out
+
+    for _ in range(600):
+        opt.step(closure)
+        sched.step()
+    post = opt.posterior()
+    draws = post.sample(100000, generator=torch.Generator().manual_seed(1))
+    flat = torch.cat([draws[0].reshape(-1, d), draws[1].reshape(-1, 1)], 1)
+    cov_err = (torch.cov(flat.T) - exact_cov).norm() / exact_cov.norm()
+    assert cov_err < 0.1
+    mean = torch.cat([post.mean[0].reshape(-1), post.mean[1]])
+    assert ((mean - exact_mean).abs() / exact_cov.diagonal().sqrt()).max() < 0.1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Contracts and the engine's guarantees
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(data_size=-1), "data_size"),
+        (dict(lr=-0.1), "lr"),
+        (dict(beta=0.0), "beta"),
+        (dict(momentum=1.2), "momentum"),
+        (dict(prior_var=0.0), "prior_var"),
+        (dict(kl_weight=-1.0), "kl_weight"),
+        (dict(damping=-1e-3), "damping"),
+        (dict(stats_every=0), "stats_every"),
+        (dict(inv_every=1.5), "inv_every"),
+        (dict(mc_samples=0), "mc_samples"),
+        (dict(curvature="fisher"), "likelihood"),
+    ],
+)
+def test_hyperparameters_are_validated(kwargs, name):
+    kwargs = {"data_size": 10, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        ngvi.NoisyKFAC(conv_net(), **kwargs)
+
+
+def test_unsupported_layers_are_named():
+    with pytest.raises(ValueError, match=r"emb \(Embedding"):
+        ngvi.NoisyKFAC(nn.ModuleDict({"emb": nn.Embedding(5, 3), "lin": nn.Linear(3, 2)}), 10)
+
+
+def test_predict_and_linearised_predict_use_the_kronecker_posterior():
+    model = conv_net()
+    opt = ngvi.NoisyKFAC(model, 64, lr=0.05, momentum=0.5)
+    x, y = batch()
+    for _ in range(3):
+        opt.step(ef_closure(opt, model, x, y))
+    assert ngvi.predict(model, opt, x, samples=3).shape == (3, 8, 3)
+    assert ngvi.predict(model, opt, x, samples=3, linearized=True).shape == (3, 8, 3)
+
+
+def test_exception_inside_a_sample_restores_weights_and_removes_hooks():
+    model = conv_net()
+    opt = ngvi.NoisyKFAC(model, 64, lr=0.05)
+    x, y = batch()
+    opt.step(ef_closure(opt, model, x, y))
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def failing():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        opt.step(failing)
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def snapshot(opt):
+    return {
+        id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+        for p, st in opt.state.items()
+    }
+
+
+@pytest.mark.parametrize("curvature", ["ef", "fisher"])
+def test_nonfinite_gradient_raises_and_leaves_state_untouched(curvature):
+    model = conv_net()
+    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
+    opt = ngvi.NoisyKFAC(model, 64, lr=0.05, momentum=0.5, **kw)
+    closure = fisher_closure if curvature == "fisher" else ef_closure
+    x, y = batch()
+    opt.step(closure(opt, model, x, y))
+    before, state = [p.detach().clone() for p in model.parameters()], snapshot(opt)
+    bad = x.clone()
+    bad[1, 0, 2, 2] = float("inf")
+    with pytest.raises(NonFiniteGradientError):
+        opt.step(closure(opt, model, bad, y))
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    after = snapshot(opt)
+    assert after.keys() == state.keys()
+    for k in state:
+        for name, v in state[k].items():
+            assert torch.equal(after[k][name], v) if torch.is_tensor(v) else after[k][name] == v
+
+
+@pytest.mark.parametrize("curvature", ["ef", "fisher"])
+def test_resume_is_bit_identical(curvature):
+    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
+    closure = fisher_closure if curvature == "fisher" else ef_closure
+
+    def make():
+        model = conv_net()
+        opt = ngvi.NoisyKFAC(model, 64, lr=0.05, momentum=0.5, stats_every=2, inv_every=3, mc_samples=2, **kw)
+        return model, opt
+
+    batches = [batch(seed) for seed in range(10)]
+    model, opt = make()
+    for x, y in batches:
+        opt.step(closure(opt, model, x, y))
+    straight = [p.detach().clone() for p in model.parameters()]
+
+    model, opt = make()
+    for x, y in batches[:5]:
+        opt.step(closure(opt, model, x, y))
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    model, opt = make()
+    torch.manual_seed(321)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    for x, y in batches[5:]:
+        opt.step(closure(opt, model, x, y))
+    for p, q in zip(model.parameters(), straight, strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_model_and_optimizer_copy_and_train_identically(how):
+    model = conv_net()
+    opt = ngvi.NoisyKFAC(model, 64, lr=0.05, inv_every=2)
+    x, y = batch()
+    opt.step(ef_closure(opt, model, x, y))
+    model2, opt2 = (
+        pickle.loads(pickle.dumps((model, opt))) if how == "pickle" else copy.deepcopy((model, opt))
+    )
+    for m, o in ((model, opt), (model2, opt2)):
+        for _ in range(3):
+            o.step(ef_closure(o, m, x, y))
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert isinstance(opt2.posterior(), ngvi.KroneckerGaussian)

@@ -1,0 +1,445 @@
+"""VOGN: the update rule (eqs. 7, 9, 10; App. E momentum), exactness on Bayesian linear regression, the
+closure contracts, and the engine's guarantees (restore, NaN, resume, copying, validation)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ngvi
+from ngvi.optim.base import NonFiniteGradientError
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two xdist workers on 2 cores: competing thread pools crawl on small ops
+    yield
+    torch.set_num_threads(threads)
+
+
+def small_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 5, 4))
+
+
+def batch(seed: int = 1, m: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, 1, 5, 5, generator=g), torch.randint(0, 4, (m,), generator=g)
+
+
+def ef_closure(opt, model, x, y, reduction="mean"):
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y, reduction=reduction)
+        loss.backward()
+        return loss
+
+    return closure
+
+
+def fisher_closure(opt, model, x, y):
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        return F.cross_entropy(out, y), out
+
+    return closure
+
+
+def per_example_mean_sq(model, x, y) -> list[torch.Tensor]:
+    """(1/M) Σᵢ (∇fᵢ)² by a loop over single examples, at the model's current weights (on a copy, so that
+    the optimizer's hooks do not record the loop)."""
+    model = copy.deepcopy(model)
+    acc = [torch.zeros_like(p) for p in model.parameters()]
+    for i in range(x.shape[0]):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        for a, p in zip(acc, model.parameters(), strict=True):
+            a += p.grad.square()
+    return [a / x.shape[0] for a in acc]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The rule
+# ------------------------------------------------------------------------------------------------------------
+def test_one_step_is_eqs_7_9_10():
+    """s ← (1−β)s + βĥ with ĥ the per-example mean square at the sample; μ ← μ − α(ĝ + λ̃μ)/(s + λ̃)."""
+    model = small_net().double()
+    x, y = batch()
+    x = x.double()
+    n, lr, beta, prior, init = 100, 0.05, 0.3, 2.0, 50.0
+    opt = ngvi.VOGN(model, n, lr=lr, beta=beta, prior_prec=prior, init_prec=init, seed=0)
+    mu = [p.detach().clone() for p in model.parameters()]
+    with opt.sampled_params(train=True):
+        h_hat = per_example_mean_sq(model, x, y)  # at the sample θ
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        g_hat = [p.grad.clone() for p in model.parameters()]
+    opt.step()
+    s0, prior_tilde = (init - prior) / n, prior / n
+    for p, m, g, h in zip(model.parameters(), mu, g_hat, h_hat, strict=True):
+        s1 = (1 - beta) * s0 + beta * h
+        torch.testing.assert_close(opt.state[p]["hess"], s1, rtol=1e-12, atol=0)
+        torch.testing.assert_close(p.detach(), m - lr * (g + prior_tilde * m) / (s1 + prior_tilde))
+
+
+def test_natural_momentum_is_eqs_82_83():
+    """μ_{t+1} = μ_t − α(ĝ + λ̃μ_t)/(s_{t+1}+λ̃) + γ (s_t+λ̃)/(s_{t+1}+λ̃) (μ_t − μ_{t−1}), over three steps."""
+    model = small_net().double()
+    x, y = batch()
+    x = x.double()
+    n, lr, beta, gamma, prior = 50, 0.02, 0.2, 0.7, 1.0
+    opt = ngvi.VOGN(model, n, lr=lr, beta=beta, momentum=gamma, prior_prec=prior, init_prec=30.0, seed=1)
+    prior_tilde = prior / n
+    params = list(model.parameters())
+    prev = [p.detach().clone() for p in params]
+    for _ in range(3):
+        mu = [p.detach().clone() for p in params]
+        s_old = [opt.state[p]["hess"].clone() if p in opt.state else None for p in params]
+        with opt.sampled_params(train=True):
+            h_hat = per_example_mean_sq(model, x, y)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            g_hat = [p.grad.clone() for p in params]
+        opt.step()
+        for i, p in enumerate(params):
+            s0 = s_old[i] if s_old[i] is not None else torch.full_like(p, (30.0 - prior) / n)
+            s1 = (1 - beta) * s0 + beta * h_hat[i]
+            expected = (
+                mu[i]
+                - lr * (g_hat[i] + prior_tilde * mu[i]) / (s1 + prior_tilde)
+                + gamma * (s0 + prior_tilde) / (s1 + prior_tilde) * (mu[i] - prev[i])
+            )
+            torch.testing.assert_close(p.detach(), expected, rtol=1e-10, atol=1e-13)
+        prev = mu
+
+
+def test_sum_reduction_takes_the_same_step_as_mean():
+    x, y = batch()
+    results = []
+    for reduction in ("mean", "sum"):
+        model = small_net().double()
+        opt = ngvi.VOGN(model, 64, lr=0.1, beta=0.1, init_prec=10.0, loss_reduction=reduction, seed=3)
+        for _ in range(3):
+            opt.step(ef_closure(opt, model, x.double(), y, reduction))
+        results.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("curvature", ["ef", "fisher"])
+def test_mc_samples_average_curvature(curvature):
+    """With mc_samples=3, s moves towards the mean of three per-sample ĥ (checked via the manual form)."""
+    x, y = batch()
+    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
+    model = small_net().double()
+    a = ngvi.VOGN(model, 64, lr=0.1, beta=0.5, init_prec=10.0, mc_samples=3, seed=5, **kw)
+    closure = fisher_closure if curvature == "fisher" else ef_closure
+    a.step(closure(a, model, x.double(), y))
+    twin = small_net().double()
+    b = ngvi.VOGN(twin, 64, lr=0.1, beta=0.5, init_prec=10.0, seed=5, **kw)
+    for _ in range(3):
+        with b.sampled_params(train=True):
+            b.zero_grad()
+            out = twin(x.double())
+            b.backward(F.cross_entropy(out, y), out)
+    b.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(a.state[p]["hess"], b.state[q]["hess"], rtol=1e-12, atol=1e-14)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Exactness: Bayesian linear regression
+# ------------------------------------------------------------------------------------------------------------
+def linear_regression(n=400, d=4, tau=2.0, prior=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.eye(d) + 0.4 * torch.randn(d, d, generator=g)  # correlated features
+    x = (torch.randn(n, d, generator=g) @ mix).double()
+    w = torch.randn(d, 1, generator=g).double()
+    y = x @ w + 0.7 + torch.randn(n, 1, generator=g).double() / math.sqrt(tau)
+    xb = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)  # the bias is the weight of a 1
+    precision = tau * xb.T @ xb + prior * torch.eye(d + 1, dtype=torch.float64)
+    mean = torch.linalg.solve(precision, tau * xb.T @ y).squeeze(1)
+    return x, y, precision, mean
+
+
+def test_fisher_vogn_reaches_the_exact_mean_field_posterior():
+    """Full batch, sampled targets: mean within 0.1 MF std, precision = diag(τXᵀX + λI) within 10%."""
+    tau, prior = 2.0, 1.0
+    x, y, precision, exact_mean = linear_regression(tau=tau, prior=prior)
+    n = x.shape[0]
+    torch.manual_seed(0)
+    model = nn.Linear(x.shape[1], 1).double()
+    opt = ngvi.VOGN(
+        model,
+        n,
+        lr=0.2,
+        beta=0.05,
+        prior_prec=prior,
+        init_prec=100.0,
+        mc_samples=2,  # halves the variance of the mean's random walk
+        curvature="fisher",
+        likelihood="gaussian",
+        noise_prec=tau,
+        seed=0,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.992**t, 0.005))
+
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        return 0.5 * tau * (out - y).square().sum(1).mean(), out
+
+    for _ in range(1200):
+        opt.step(closure)
+        sched.step()
+    post = opt.posterior()
+    mean = torch.cat([m.reshape(-1) for m in post.mean])
+    prec = torch.cat([1 / v.reshape(-1) for v in post.variance])
+    mf_prec = precision.diagonal()
+    mf_std = mf_prec.rsqrt()
+    assert ((mean - exact_mean).abs() / mf_std).max() < 0.1
+    assert ((prec - mf_prec).abs() / mf_prec).max() < 0.1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Closure contracts and hooks
+# ------------------------------------------------------------------------------------------------------------
+def test_fisher_closure_that_calls_backward_is_refused():
+    model = small_net()
+    x, y = batch()
+    opt = ngvi.VOGN(model, 64, curvature="fisher", likelihood="categorical")
+
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        return loss, out
+
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="must not call backward"):
+        opt.step(closure)
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    with pytest.raises(TypeError, match=r"\(loss, output\)"):
+        opt.step(ef_closure(opt, model, x, y))
+    out = model(x)
+    with pytest.raises(RuntimeError, match="inside"):
+        opt.backward(F.cross_entropy(out, y), out)  # outside sampled_params(train=True)
+
+
+def test_curvature_options_are_validated():
+    with pytest.raises(ValueError, match="likelihood"):
+        ngvi.VOGN(small_net(), 10, curvature="fisher")
+    with pytest.raises(ValueError, match="curvature='fisher'"):
+        ngvi.VOGN(small_net(), 10, likelihood="categorical")
+    with pytest.raises(ValueError, match="curvature"):
+        ngvi.VOGN(small_net(), 10, curvature="hessian")
+    with pytest.raises(ValueError, match="likelihood"):
+        ngvi.VOGN(small_net(), 10, curvature="fisher", likelihood="poisson")
+    with pytest.raises(ValueError, match="noise_prec"):
+        ngvi.VOGN(small_net(), 10, curvature="fisher", likelihood="gaussian", noise_prec=0.0)
+    with pytest.raises(ValueError, match="loss_reduction"):
+        ngvi.VOGN(small_net(), 10, loss_reduction="none")
+    with pytest.raises(TypeError, match="takes the model"):
+        ngvi.VOGN(small_net().parameters(), 10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(data_size=0), "data_size"),
+        (dict(lr=-1.0), "lr"),
+        (dict(beta=1.5), "beta"),
+        (dict(momentum=1.0), "momentum"),
+        (dict(prior_prec=0.0), "prior_prec"),
+        (dict(init_prec=0.5, prior_prec=1.0), "init_prec"),
+        (dict(mc_samples=0), "mc_samples"),
+        (dict(lr=float("nan")), "lr"),
+    ],
+)
+def test_hyperparameters_are_validated(kwargs, name):
+    kwargs = {"data_size": 10, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        ngvi.VOGN(small_net(), **kwargs)
+
+
+def test_unsupported_layers_are_named():
+    model = nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 4), nn.LayerNorm(4), nn.Linear(4, 2)
+    )
+    with pytest.raises(ValueError, match=r"1 \(BatchNorm2d: weight, bias\).*BatchNorm mixes the examples"):
+        ngvi.VOGN(model, 10)
+    emb = nn.ModuleDict({"table": nn.Embedding(5, 3), "head": nn.Linear(3, 2)})
+    with pytest.raises(ValueError, match=r"table \(Embedding: weight\)"):
+        ngvi.VOGN(emb, 10)
+    model[1].requires_grad_(False)  # a frozen BatchNorm is accepted (LayerNorm is supported) ...
+    opt = ngvi.VOGN(model, 10, init_prec=10.0)
+    x, y = torch.randn(4, 1, 4, 4), torch.randint(0, 2, (4,))
+    with pytest.warns(
+        UserWarning, match="BatchNorm layers in training mode"
+    ):  # ... with a warning in train mode
+        opt.step(ef_closure(opt, model, x, y))
+
+
+def test_weights_used_outside_the_layer_forward_are_reported():
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return F.linear(x, self.lin.weight, self.lin.bias)  # bypasses the module, so its hooks
+
+    model = Functional()
+    opt = ngvi.VOGN(model, 10)
+    x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+    with pytest.raises(RuntimeError, match="no output gradient"):
+        opt.step(ef_closure(opt, model, x, y))
+
+
+def test_hooks_exist_only_during_a_training_sample():
+    model = small_net()
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(1))  # the user's own hook stays
+    opt = ngvi.VOGN(model, 64, init_prec=10.0)
+    x, y = batch()
+    opt.step(ef_closure(opt, model, x, y))
+    ngvi.predict(model, opt, x, samples=2)
+    assert [len(m._forward_hooks) for m in model.modules()] == [0, 1, 0, 0, 0]
+    assert len(seen) == 3
+    with opt.sampled_params(train=True):
+        assert len(model[0]._forward_hooks) == 2 and len(model[3]._forward_hooks) == 1
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+    assert len(model[0]._forward_hooks) == 1 and not model[3]._forward_hooks
+    opt.step()
+
+
+def test_exception_inside_a_sample_restores_weights_and_removes_hooks():
+    model = small_net()
+    opt = ngvi.VOGN(model, 64, init_prec=10.0)
+    x, y = batch()
+    opt.step(ef_closure(opt, model, x, y))
+    before = [p.detach().clone() for p in model.parameters()]
+    state = copy.deepcopy(opt.state_dict())
+    with pytest.raises(KeyError), opt.sampled_params(train=True):
+        F.cross_entropy(model(x), y).backward()
+        raise KeyError("boom")
+
+    def failing():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        opt.step(failing)
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    assert all(not m._forward_hooks for m in model.modules())
+    assert_same_state(opt.state_dict(), state)
+    opt.step(ef_closure(opt, model, x, y))  # and it still trains
+
+
+def assert_same_state(a, b):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_state(a[k], b[k])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for u, v in zip(a, b, strict=True):
+            assert_same_state(u, v)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("curvature", ["ef", "fisher"])
+def test_nonfinite_gradient_raises_and_leaves_state_untouched(curvature):
+    model = small_net()
+    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
+    opt = ngvi.VOGN(model, 64, init_prec=10.0, momentum=0.5, **kw)
+    closure = fisher_closure if curvature == "fisher" else ef_closure
+    x, y = batch()
+    opt.step(closure(opt, model, x, y))
+    before = [p.detach().clone() for p in model.parameters()]
+    state = copy.deepcopy(opt.state_dict())
+    bad = x.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteGradientError):
+        opt.step(closure(opt, model, bad, y))
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    assert_same_state(opt.state_dict(), state)
+
+
+@pytest.mark.parametrize("curvature", ["ef", "fisher"])
+def test_resume_is_bit_identical(curvature):
+    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
+    closure = fisher_closure if curvature == "fisher" else ef_closure
+
+    def make():
+        model = small_net()
+        return model, ngvi.VOGN(
+            model, 64, lr=0.05, beta=0.1, momentum=0.6, init_prec=10.0, mc_samples=2, **kw
+        )
+
+    batches = [batch(seed) for seed in range(10)]
+    model, opt = make()
+    for x, y in batches:
+        opt.step(closure(opt, model, x, y))
+    straight = [p.detach().clone() for p in model.parameters()]
+
+    model, opt = make()
+    for x, y in batches[:5]:
+        opt.step(closure(opt, model, x, y))
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    model, opt = make()
+    torch.manual_seed(123)  # the resumed run must not depend on the global RNG
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    for x, y in batches[5:]:
+        opt.step(closure(opt, model, x, y))
+    for p, q in zip(model.parameters(), straight, strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_model_and_optimizer_copy_and_train_identically(how):
+    model = small_net()
+    opt = ngvi.VOGN(model, 64, lr=0.05, init_prec=10.0, curvature="fisher", likelihood="categorical")
+    x, y = batch()
+    opt.step(fisher_closure(opt, model, x, y))
+    pickle.dumps(model)  # the model alone, with the optimizer attached
+    copy.deepcopy(model)
+    model2, opt2 = (
+        pickle.loads(pickle.dumps((model, opt))) if how == "pickle" else copy.deepcopy((model, opt))
+    )
+    assert opt2.model is model2 and opt2.param_groups[0]["params"][0] is next(model2.parameters())
+    for m, o in ((model, opt), (model2, opt2)):
+        for _ in range(2):
+            o.step(fisher_closure(o, m, x, y))
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert isinstance(opt2.posterior(), ngvi.DiagonalGaussian)
+
+
+def test_add_param_group_is_refused():
+    opt = ngvi.VOGN(small_net(), 10)
+    with pytest.raises(ValueError, match="add_param_group"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})

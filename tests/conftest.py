@@ -14,6 +14,10 @@ import ngvi
 
 REPO = Path(__file__).resolve().parents[1]
 
+# pytest-xdist runs two workers on two cores; one torch thread each avoids oversubscription (small ops
+# slow down 5-20x when two processes each spin two threads)
+torch.set_num_threads(1)
+
 
 def data_dir() -> Path:
     """The benchmark data: $NGVI_DATA, else ../shared/data beside the checkout (as in CI)."""

@@ -27,7 +27,7 @@ def test_demo_quick_writes_png_table_and_resumes(tmp_path):
 def test_demo_full_method_list_quick(tmp_path):
     assert main(["demo", "--quick", "--steps", "10", "--out", str(tmp_path)]) == 0
     rows = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(rows) - 1 >= 7  # header + one row per optimizer
+    assert len(rows) - 1 >= 9  # header + one row per optimizer
 
 
 def test_unknown_method_is_a_clear_error(tmp_path, capsys):

@@ -66,6 +66,13 @@ def _methods() -> dict[str, DemoMethod]:
             lambda m: ngvi.BAdam(m.parameters(), n, lr=1e-2, prior_prec=lam),
             linearized=True,
         ),
+        "vogn": DemoMethod(
+            "VOGN", lambda m: ngvi.VOGN(m, n, lr=0.05, beta=1e-2, prior_prec=lam, init_prec=100.0)
+        ),
+        "noisy_kfac": DemoMethod(
+            "Noisy K-FAC",
+            lambda m: ngvi.NoisyKFAC(m, n, lr=0.05, beta=1e-2, prior_var=1.0 / lam, damping=1e-3),
+        ),
         "vadagrad": DemoMethod(
             "VadaGrad",
             lambda m: ngvi.VadaGrad(m.parameters(), lr=0.2, beta=0.01),

@@ -10,6 +10,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "train every optimizer on a 1-D toy regression and plot the predictive bands (~2 min)"),
     "list": ("listing", "list the methods and data sets ngvi knows"),
+    "bench": ("bench", "step time and peak memory of every optimizer against torch.optim.Adam (~15 min)"),
 }
 
 

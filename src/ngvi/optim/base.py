@@ -370,7 +370,7 @@ class VariationalOptimizer(Optimizer):
                 if self._uses_default_perturb():
                     self._perturb_diagonal(group, params, means, states, reuse)
                 else:
-                    noise = TensorList(self._standard_normal(p, reuse) for p in params)
+                    noise = TensorList(self._noise_for(p, reuse) for p in params)
                     self._perturb(group, TensorList(p.detach() for p in params), noise, states)
             if self.noise == "antithetic":
                 self._noise_negated = reuse
@@ -412,7 +412,7 @@ class VariationalOptimizer(Optimizer):
         else:
             sigma = sqrt_prec.reciprocal_()
         if self._keeps_noise():
-            noise = TensorList(self._standard_normal(p, reuse) for p in params)
+            noise = TensorList(self._noise_for(p, reuse) for p in params)
             TensorList(p.detach() for p in params).addcmul_(noise, sigma)
             return
         for p, mean, s in zip(params, means, sigma, strict=True):
@@ -429,13 +429,19 @@ class VariationalOptimizer(Optimizer):
         buf = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return buf.normal_(generator=self._generator(p.device))
 
-    def _standard_normal(self, p: Tensor, reuse: bool = False) -> Tensor:
-        """ε for p: a fresh draw, or with ``reuse`` (the second of an antithetic pair) −ε of the first."""
+    def _noise_for(self, p: Tensor, reuse: bool) -> Tensor:
+        """ε for p: with ``reuse`` (the second of an antithetic pair) −ε of the pair's first, else fresh."""
+        buf = self._noise.get(p) if reuse else None
+        if buf is None:
+            return self._standard_normal(p)
+        return buf if self._noise_negated else buf.neg_()
+
+    def _standard_normal(self, p: Tensor) -> Tensor:
+        """A fresh ε ~ N(0, I) for p from the optimizer's generator, kept in ``_noise`` when the rule or
+        the antithetic option needs it after the draw."""
         if not self._keeps_noise():
             return self._normal_like(p)
         buf = self._noise.get(p)
-        if reuse and buf is not None:
-            return buf if self._noise_negated else buf.neg_()
         if buf is None:
             buf = self._noise[p] = torch.empty_like(p, memory_format=torch.preserve_format)
         if self.noise_dtype in (None, p.dtype):

@@ -33,3 +33,10 @@ def test_demo_full_method_list_quick(tmp_path):
 def test_unknown_method_is_a_clear_error(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path), "--methods", "sgd"]) == 2
     assert "unknown demo method" in capsys.readouterr().err
+
+
+def test_list_names_methods_and_datasets(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("Vadam", "BBVI", "mc_dropout", "bostonHousing", "protein-tertiary-structure", "mnist"):
+        assert word in out

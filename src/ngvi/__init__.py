@@ -14,7 +14,7 @@ Bayesian deep learning as easy as training with Adam::
     posterior = opt.posterior()                               # DiagonalGaussian
 """
 
-from . import metrics
+from . import baselines, metrics
 from .optim import (
     IVON,
     VON,
@@ -43,6 +43,7 @@ __all__ = [
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
+    "baselines",
     "metrics",
     "predict",
 ]

@@ -1,0 +1,38 @@
+"""Baselines that share ngvi's model and prior conventions, and exact references to test against.
+
+* :class:`BBVI` — Bayes by Backprop (mean-field Gaussian, reparameterisation + local reparameterisation).
+* :class:`MCDropout` and :func:`mc_dropout_mlp` — MC dropout (Gal & Ghahramani 2016).
+* :class:`MAP` — Adam on the MAP objective f(θ) + (λ/2N)‖θ‖².
+* :mod:`ngvi.baselines.exact` — exact posteriors of Bayesian linear regression and the exact mean-field
+  Gaussian of Bayesian logistic regression.
+
+Every baseline has ``step(closure)``, ``sampled_params(train=False)`` (so :func:`ngvi.predict` works),
+``state_dict``/``load_state_dict``; the closure returns the **mean** NLL of the minibatch, ``data_size`` N
+scales it to the data set, and the prior is N(0, I/λ) with λ = ``prior_prec``.
+"""
+
+from . import exact
+from .bbvi import BBVI
+from .exact import (
+    linear_regression_elbo,
+    linear_regression_mean_field,
+    linear_regression_posterior,
+    logistic_regression_elbo,
+    logistic_regression_mean_field,
+)
+from .map import MAP
+from .mc_dropout import MCDropout, mc_dropout_mlp, mc_dropout_weight_decay
+
+__all__ = [
+    "BBVI",
+    "MAP",
+    "MCDropout",
+    "exact",
+    "linear_regression_elbo",
+    "linear_regression_mean_field",
+    "linear_regression_posterior",
+    "logistic_regression_elbo",
+    "logistic_regression_mean_field",
+    "mc_dropout_mlp",
+    "mc_dropout_weight_decay",
+]

@@ -1,0 +1,332 @@
+r"""BBVI: Bayes by Backprop (Blundell et al. 2015), with local reparameterisation (Kingma et al. 2015).
+
+The baseline of Khan et al. 2018 (App. J.1) and Zhang et al. 2018: a mean-field Gaussian
+q(θ) = Πⱼ N(μⱼ, σⱼ²) whose parameters (μ, log σ) are trained by Adam on the negative ELBO per example,
+
+.. math::
+    \mathcal L(\mu, \sigma) = \mathbb E_{q}[f(\theta)] + \tfrac1N\,\mathrm{KL}(q\,\|\,p),\qquad
+    p = \mathcal N(0, I/\lambda),
+
+with f the closure's mean NLL over the minibatch. The expectation is estimated with ``mc_samples``
+reparameterised draws; the KL is Gaussian-to-Gaussian, so its gradient is exact:
+
+.. math::
+    \nabla_\mu = \overline{\hat g} + \tilde\lambda\mu,\qquad
+    \nabla_{\log\sigma} = \overline{\partial f/\partial\log\sigma} + (\lambda\sigma^2 - 1)/N,
+    \qquad \tilde\lambda = \lambda/N.
+
+**Reparameterisation.** For every parameter outside an ``nn.Linear`` the weights are sampled,
+θ = μ + σ⊙ε, the closure's backward pass gives ĝ = ∂f/∂θ, and ∂f/∂log σ = ĝ⊙ε⊙σ. For ``nn.Linear`` layers
+(``local_reparam=True``) the pre-activations are sampled instead: a forward hook turns the layer's output
+x μᵀ + b_μ into
+
+.. math::
+    x\mu^\top + b_\mu + \sqrt{x^2(\sigma^2)^\top + \sigma_b^2}\odot\varepsilon,\qquad
+    \varepsilon \sim \mathcal N(0, I) \text{ per example and unit},
+
+the exact distribution of the layer's output under q, with independent weights per example. Its gradient
+has a lower variance, and autograd gives ∂f/∂log σ through the hook. (A layer called several times in one
+forward pass gets independent noise at each call.)
+
+**Why log σ.** σ = exp(ρ) with ρ = log σ, rather than Blundell's softplus(ρ): Adam moves ρ by a bounded amount
+per step, so σ changes by a bounded *ratio* whether it is 0.3 or 10⁻⁴ (the posterior standard deviations of a
+network span orders of magnitude); the entropy term −Σ log σ is linear in ρ; and 1/σ² = exp(−2ρ) is exact
+for any ρ, where softplus loses precision for small σ. σ > 0 holds by construction.
+
+**Prediction.** ``sampled_params()`` (train=False, what :func:`ngvi.predict` uses) draws one weight sample
+θ ~ q for all layers, so one forward pass is one function drawn from the posterior and outputs for
+different inputs are coherent. The local trick is only used for the gradient inside ``step``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .._tensorlist import TensorList
+from ..optim import _validation as check
+from ..optim.base import VariationalOptimizer
+from ..posterior import DiagonalGaussian
+
+__all__ = ["BBVI"]
+
+
+class BBVI(VariationalOptimizer):
+    """Bayes by Backprop: mean-field Gaussian VI trained by Adam on (μ, log σ).
+
+    Args:
+        model: the network; its parameters hold μ (so ``model.state_dict()`` is the posterior mean).
+            Every trainable parameter gets a Gaussian posterior; frozen ones (``requires_grad=False``)
+            stay fixed and are left out of ``posterior()``, which follows ``model.parameters()`` order.
+        data_size: N, the number of training examples (the closure returns a mean over a minibatch).
+        lr: Adam's step size for both μ and log σ.  betas: Adam's (β₁, β₂).  eps: Adam's ε.
+        prior_prec: λ of the prior N(0, I/λ).
+        init_prec: 1/σ² at t=0 for every weight (Khan et al. 2018, App. J.1, use 10); μ starts at the
+            model's current weights.
+        mc_samples: posterior samples per ``step``; the gradients are averaged.
+        local_reparam: sample the pre-activations of ``nn.Linear`` layers (local reparameterisation)
+            instead of their weights while training.
+        seed, skip_nonfinite: as for every ngvi optimizer (:class:`~ngvi.VariationalOptimizer`).
+
+    Use it as every ngvi optimizer: the closure zeroes the gradients, returns the mean NLL of the minibatch
+    and calls ``backward()``; ``step`` calls it ``mc_samples`` times, each at a fresh posterior sample, and
+    adds KL(q‖p)/N itself. It returns the mean of the closure's losses (the NLL term of the per-example
+    negative ELBO; add ``kl_divergence() / N`` for the whole objective). The manual form,
+    ``with bbvi.sampled_params(train=True): ...backward()`` a few times and then ``bbvi.step()``, works too.
+    ``sampled_params()`` for prediction draws one weight sample for every layer (see the module docstring).
+    A checkpoint is ``model.state_dict()`` (μ) plus ``bbvi.state_dict()`` (log σ, Adam's moments, the RNG).
+
+    Raises:
+        ValueError: for a bad argument, or when ``local_reparam=True`` and a Linear layer's parameter is
+            shared with another module (tied weights); pass ``local_reparam=False`` there.
+    """
+
+    needs_noise = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_size: int,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        prior_prec: float = 1.0,
+        init_prec: float = 10.0,
+        mc_samples: int = 1,
+        *,
+        local_reparam: bool = True,
+        eps: float = 1e-8,
+        **engine_kwargs: Any,
+    ):
+        if not isinstance(model, nn.Module):
+            raise ValueError(
+                f"model must be a torch.nn.Module (BBVI hooks its Linear layers), got {type(model).__name__}"
+            )
+        if not isinstance(local_reparam, bool):
+            raise ValueError(f"local_reparam must be a bool, got {local_reparam!r}")
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("model has no trainable parameters")
+        defaults = dict(
+            data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=init_prec, eps=eps
+        )
+        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        self.local_reparam = local_reparam
+        self._lrt_layers = _linear_layers(model) if local_reparam else []
+        self._lrt_params = {p for _, m in self._lrt_layers for p in (m.weight, m.bias) if p is not None}
+
+    def _init_transient(self) -> None:
+        super()._init_transient()
+        self._lrt_on = False
+        self._lrt_leaves: dict[Tensor, Tensor] = {}  # parameter -> log σ leaf of the current sample
+
+    def _extra_getstate(self) -> dict[str, Any]:
+        return dict(
+            local_reparam=self.local_reparam, _lrt_layers=self._lrt_layers, _lrt_params=self._lrt_params
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    # The rule
+    # ------------------------------------------------------------------------------------------------
+    def _check_group(self, group):
+        check.positive("data_size", group["data_size"])
+        check.nonnegative("lr", group["lr"])
+        check.betas("betas", group["betas"])
+        check.positive("prior_prec", group["prior_prec"])
+        check.positive("init_prec", group["init_prec"])
+        check.positive("eps", group["eps"])
+
+    def _init_state(self, group, p, state):
+        state["log_std"] = torch.full_like(p, -0.5 * math.log(group["init_prec"]))
+        state["exp_avg"] = torch.zeros_like(p)
+        state["exp_avg_sq"] = torch.zeros_like(p)
+        state["log_std_exp_avg"] = torch.zeros_like(p)
+        state["log_std_exp_avg_sq"] = torch.zeros_like(p)
+
+    @staticmethod
+    def _std(states: list[dict[str, Any]]) -> TensorList:
+        return TensorList(torch._foreach_exp([st["log_std"] for st in states]))
+
+    def _precision(self, group, states):
+        return self._std(states).square().reciprocal_()
+
+    def _standard_normal(self, p: Tensor) -> Tensor:
+        if self._lrt_on and p in self._lrt_params:  # sampled through its layer's outputs: no weight noise
+            return self._noise.setdefault(p, torch.zeros_like(p))
+        return super()._standard_normal(p)
+
+    def _perturb(self, group, params, noise, states):
+        """θ ← μ + σ⊙ε, except for the Linear layers that the local trick samples while training."""
+        std = self._std(states)
+        if self._lrt_on:
+            keep = [i for i, p in enumerate(self._trainable(group)) if p not in self._lrt_params]
+            params, noise, std = (TensorList(t[i] for i in keep) for t in (params, noise, std))
+        if len(params):
+            params.addcmul_(noise, std)
+
+    def _curvature(self, group, grads, noise, states):
+        """∂f/∂log σ of this sample: ĝ⊙ε⊙σ for sampled weights, autograd's value for local-trick layers."""
+        params = [p for p in self._trainable(group) if p.grad is not None]  # the engine's order
+        std = self._std(states)
+        out = []
+        for i, p in enumerate(params):
+            leaf = self._lrt_leaves.get(p) if self._lrt_on else None
+            if leaf is None:
+                out.append(grads[i] * noise[i] * std[i])
+            elif leaf.grad is None:
+                raise RuntimeError(self._bypass_message(p))
+            else:
+                out.append(leaf.grad)
+        return TensorList(out)
+
+    def _update(self, group, means, grads, curvs, states):
+        n, lam = float(group["data_size"]), group["prior_prec"]
+        log_std = TensorList(st["log_std"] for st in states)
+        grad_mean = grads + means * (lam / n)  # ∂/∂μ [f + KL/N]
+        grad_log_std = self._std(states).square().mul_(lam / n).add_(-1.0 / n).add_(curvs)  # ∂/∂log σ
+        steps = [st["step"] for st in states]
+        hyper = dict(lr=group["lr"], betas=group["betas"], eps=group["eps"], steps=steps)
+        _adam_(
+            means,
+            grad_mean,
+            TensorList(st["exp_avg"] for st in states),
+            TensorList(st["exp_avg_sq"] for st in states),
+            **hyper,
+        )
+        _adam_(
+            log_std,
+            grad_log_std,
+            TensorList(st["log_std_exp_avg"] for st in states),
+            TensorList(st["log_std_exp_avg_sq"] for st in states),
+            **hyper,
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    # The local reparameterisation trick
+    # ------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _sample_scope(self, *, perturb: bool, train: bool, keep_grad_refs: bool = False) -> Iterator[None]:
+        if self._in_sample:
+            raise RuntimeError("sampled_params() blocks cannot be nested")
+        self._lrt_on = bool(self._lrt_params) and perturb and train
+        handles = []
+        try:
+            with super()._sample_scope(perturb=perturb, train=train, keep_grad_refs=keep_grad_refs):
+                if self._lrt_on:
+                    handles = self._attach_local_reparam()
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._lrt_on = False
+            self._lrt_leaves.clear()
+
+    def _attach_local_reparam(self) -> list[Any]:
+        """Give each Linear layer leaves for its log σ and a forward hook that adds the output noise."""
+        handles = []
+        for _, module in self._lrt_layers:
+            leaves = []
+            for p in (module.weight, module.bias):
+                leaf = None
+                if p is not None and p.requires_grad and p in self.state:  # frozen parameters stay fixed
+                    leaf = self._lrt_leaves[p] = self.state[p]["log_std"].detach().requires_grad_(True)
+                leaves.append(leaf)
+            if leaves[0] is not None or leaves[1] is not None:
+                hook = functools.partial(self._local_reparam_output, *leaves)
+                handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        return handles
+
+    def _local_reparam_output(
+        self,
+        log_std_w: Tensor | None,
+        log_std_b: Tensor | None,
+        module: nn.Linear,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Tensor,
+    ) -> Tensor:
+        """x μᵀ + b_μ (the layer's own output at the mean) + √(x²σ_W²ᵀ + σ_b²) ⊙ ε."""
+        x = args[0] if args else kwargs["input"]
+        var = F.linear(x.square(), (2.0 * log_std_w).exp()) if log_std_w is not None else 0.0
+        if log_std_b is not None:
+            var = var + (2.0 * log_std_b).exp()
+        var = torch.as_tensor(var, dtype=output.dtype, device=output.device)
+        noise = torch.randn(
+            output.shape, generator=self._generator(output.device), dtype=output.dtype, device=output.device
+        )
+        return output + var.clamp_min(torch.finfo(var.dtype).tiny).sqrt() * noise
+
+    def _bypass_message(self, p: Tensor) -> str:
+        name, which = next(
+            (name, "weight" if p is m.weight else "bias")
+            for name, m in self._lrt_layers
+            if p is m.weight or p is m.bias
+        )
+        return (
+            f"BBVI: the {which} of Linear layer '{name}' received a gradient without the layer's forward() "
+            "being called (e.g. nn.MultiheadAttention reads out_proj.weight directly), so the local "
+            "reparameterisation cannot sample it; create BBVI(..., local_reparam=False)"
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    # The objective
+    # ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def kl_divergence(self) -> Tensor:
+        """KL(q‖p) summed over all weights (float64); the per-example negative ELBO is loss + KL/N."""
+        total = torch.zeros((), dtype=torch.float64)
+        for group in self.param_groups:
+            params = list(group["params"])
+            if not params:
+                continue
+            states = [self._state_of(group, p) for p in params]
+            q = DiagonalGaussian([self._mean_of(p) for p in params], list(self._std(states).square()))
+            prior = DiagonalGaussian.isotropic(q.mean, group["prior_prec"])
+            total = total + q.kl(prior).cpu()
+        return total
+
+
+def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The model's Linear layers with a trainable parameter; refuses parameters shared with other modules."""
+    layers = [
+        (name or type(model).__name__, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and any(p.requires_grad for p in m.parameters(recurse=False))
+    ]
+    owner = {p: name for name, m in layers for p in m.parameters(recurse=False)}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            continue
+        for pname, p in m.named_parameters(recurse=False):
+            if p in owner:
+                raise ValueError(
+                    f"parameter '{name}.{pname}' is shared with Linear layer '{owner[p]}'; the local "
+                    "reparameterisation samples that layer's outputs, not its weights, so a shared weight "
+                    "would go unsampled elsewhere. Create BBVI(..., local_reparam=False)"
+                )
+    return layers
+
+
+def _adam_(
+    x: TensorList,
+    grad: TensorList,
+    exp_avg: TensorList,
+    exp_avg_sq: TensorList,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    steps: list[int],
+) -> None:
+    """One Adam step in place: m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², x ← x − α m̂/(√v̂ + ε)."""
+    beta1, beta2 = betas
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+    denom = exp_avg_sq.sqrt().div_([(1 - beta2**t) ** 0.5 for t in steps]).add_(eps)
+    x.addcdiv_(exp_avg, denom, [-lr / (1 - beta1**t) for t in steps])

@@ -1,0 +1,87 @@
+r"""MAP: Adam on the maximum-a-posteriori objective, with the prior as (coupled) weight decay.
+
+.. math::
+    \min_\theta\ f(\theta) + \frac{\lambda}{2N}\lVert\theta\rVert^2,\qquad
+    \nabla = \hat g + \tilde\lambda\theta,\quad \tilde\lambda = \lambda/N,
+
+which is exactly ``torch.optim.Adam(..., weight_decay=prior_prec / data_size)`` (Adam's weight decay is added
+to the gradient, not decoupled as in AdamW). :class:`MAP` *is* that Adam, with the ngvi interface on top:
+
+* ``sampled_params()`` yields the point estimate itself, so :func:`ngvi.predict` returns ``samples``
+  identical outputs (a deterministic network, for the comparison tables);
+* ``posterior()`` raises ``NotImplementedError``: a point estimate has no Gaussian posterior, and the
+  :class:`~ngvi.DiagonalGaussian` of a point mass (zero variance) is not a distribution it can hold. For a
+  Laplace posterior around the same optimum use :class:`ngvi.BAdam`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..optim import _validation as check
+
+__all__ = ["MAP"]
+
+
+class MAP(torch.optim.Adam):
+    """Adam with weight decay λ/N: the MAP estimate under the prior N(0, I/λ).
+
+    Args:
+        params: a model, its parameters, or parameter groups (a group may set its own ``prior_prec``
+            and ``data_size``).
+        data_size: N, the number of training examples (the closure returns a mean over a minibatch).
+        lr, betas, eps: Adam's.
+        prior_prec: λ of the prior N(0, I/λ); 0 gives plain Adam.
+
+    Each group's ``weight_decay`` is derived from its ``prior_prec`` and ``data_size`` when the group is
+    added; ``step(closure)`` is Adam's (the closure zeroes the gradients, returns the mean NLL and calls
+    ``backward()``).
+    """
+
+    def __init__(
+        self,
+        params: nn.Module | Any,
+        data_size: int,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        prior_prec: float = 1.0,
+        eps: float = 1e-8,
+    ):
+        check.nonnegative("lr", lr)
+        check.betas("betas", betas)
+        check.positive("eps", eps)
+        self._prior_defaults = dict(data_size=data_size, prior_prec=prior_prec)
+        if isinstance(params, nn.Module):
+            params = params.parameters()
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        for key, value in self._prior_defaults.items():
+            param_group.setdefault(key, value)
+        check.positive("data_size", param_group["data_size"])
+        check.nonnegative("prior_prec", param_group["prior_prec"])
+        param_group["weight_decay"] = self._weight_decay(param_group)
+        super().add_param_group(param_group)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_prior_defaults": self._prior_defaults}
+
+    def _weight_decay(self, group: dict[str, Any]) -> float:
+        """λ/N: Adam adds weight_decay·θ to the gradient of the mean loss, i.e. the prior's (λ/N)θ."""
+        return group["prior_prec"] / group["data_size"]
+
+    @contextlib.contextmanager
+    def sampled_params(self, train: bool = False) -> Iterator[None]:
+        """The point estimate: the weights are left as they are (``train`` is accepted for the ngvi API)."""
+        yield
+
+    def posterior(self):
+        raise NotImplementedError(
+            f"{type(self).__name__} is a point estimate and has no posterior distribution; its weights are "
+            "the model's parameters. Use ngvi.BAdam for a Laplace posterior around the same optimum."
+        )

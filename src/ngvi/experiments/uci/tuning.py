@@ -1,0 +1,83 @@
+"""Bayesian optimisation of λ and τ by K-fold cross-validation on one training split (optuna).
+
+As in Khan et al. 2018 (App. J.1, and the authors' code): a GP-based BO over log τ ∈ [0, 5] and
+log λ ∈ [−4, 4] (natural logs; [1, 5] and [−3, 4] for naval and power), 30 evaluations of which the
+first 5 are random, each the mean validation log-likelihood over 5 folds of the training part. The paper
+tunes every split; on two cores we tune split 0 per data set and method and reuse the result for all
+splits (the output says so).
+MC dropout also tunes its dropout rate over Gal's grid (``dropout_rates.txt``).
+
+Trials are logged to an optuna journal file in the results folder, so a killed tuning run resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from ngvi.data import uci_info
+
+from .methods import UCIMethod
+
+STARTUP_TRIALS = 5
+
+
+def search_space(dataset: str) -> dict[str, tuple[float, float]]:
+    if dataset in ("naval-propulsion-plant", "power-plant"):
+        return {"log_noise_prec": (1.0, 5.0), "log_prior_prec": (-3.0, 4.0)}
+    return {"log_noise_prec": (0.0, 5.0), "log_prior_prec": (-4.0, 4.0)}
+
+
+def tune(
+    method: UCIMethod,
+    dataset: str,
+    cv_loglik: Callable[[dict[str, float]], float],
+    trials: int,
+    journal: Path,
+    seed: int = 0,
+    data_dir: str | None = None,
+) -> dict[str, Any]:
+    """Maximise ``cv_loglik(hyperparameters)``; returns the best hyperparameters and the budget used."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
+    study = optuna.create_study(
+        study_name=f"{dataset}/{method.name}",
+        storage=storage,
+        sampler=sampler,
+        direction="maximize",
+        load_if_exists=True,
+    )
+    space = search_space(dataset)
+    rates = sorted(uci_info(dataset, data_dir).dropout_rates) if method.tunes_dropout else []
+
+    def objective(trial: optuna.Trial) -> float:
+        hp = {
+            "noise_prec": math.exp(trial.suggest_float("log_noise_prec", *space["log_noise_prec"])),
+            "prior_prec": math.exp(trial.suggest_float("log_prior_prec", *space["log_prior_prec"])),
+        }
+        if rates:
+            hp["dropout"] = trial.suggest_categorical("dropout", rates)
+        value = cv_loglik(hp)
+        return value if math.isfinite(value) else float("nan")  # NaN marks the trial failed
+
+    start = time.perf_counter()
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    if done < trials:
+        study.optimize(objective, n_trials=trials - done, catch=(FloatingPointError,))
+    best = study.best_trial
+    out = {
+        "noise_prec": math.exp(best.params["log_noise_prec"]),
+        "prior_prec": math.exp(best.params["log_prior_prec"]),
+        "cv_loglik": best.value,
+        "trials": trials,
+        "tuning_seconds": time.perf_counter() - start,
+    }
+    if rates:
+        out["dropout"] = best.params["dropout"]
+    return out

@@ -9,7 +9,7 @@ set -euo pipefail
 VENV=${1:-../bench-venv}
 TORCH=${TORCH:-torch==2.13.0}   # or a wheel file, e.g. /opt/wheels/torch-2.13.0+cpu-...whl
 python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q "$TORCH" numpy scipy matplotlib tqdm
+"$VENV/bin/pip" install -q "$TORCH" numpy scipy matplotlib tqdm optuna   # ngvi's own dependencies
 "$VENV/bin/pip" install -q --no-deps ivon-opt backpack-for-pytorch einops unfoldNd
 "$VENV/bin/python" - <<'PY'
 import sys, torch

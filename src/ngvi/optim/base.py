@@ -89,6 +89,13 @@ class VariationalOptimizer(Optimizer):
     #: ``torch.distributed``: "curv" for curvature from per-example terms or layer activations (VOGN,
     #: noisy K-FAC). ĝ needs no entry: DDP averages it (and ``rank_noise="independent"`` averages both).
     local_statistics: tuple[str, ...] = ()
+    #: ``_precision`` and ``_update`` act weight by weight, so the engine may call them on slices of a
+    #: group's parameters (bounding every temporary by a quarter of the parameters, or the largest one).
+    #: Not inherited: it counts only where declared by the classes that define both methods.
+    elementwise: bool = False
+    #: ``_curvature`` needs the sample still in the parameters (a Hessian-vector product through the
+    #: sample's graph); otherwise μ is restored first, so μ's copy and ĥ are never held together
+    curvature_reads_sample: bool = False
 
     def __init__(
         self,
@@ -340,12 +347,17 @@ class VariationalOptimizer(Optimizer):
         self._in_sample = True
         try:
             yield
-            if train:
+            if train and self.curvature_reads_sample:
                 self._accumulate_sample(keep_grad_refs)
         finally:
             self._in_sample = False
             if perturb:
                 self._restore()
+        try:
+            if train and not self.curvature_reads_sample:
+                self._accumulate_sample(keep_grad_refs)
+        finally:
+            self._sqrt_prec.clear()
 
     @torch.no_grad()
     def _draw(self) -> None:
@@ -405,23 +417,45 @@ class VariationalOptimizer(Optimizer):
         ``params`` hold μ on entry (saved in ``means``). Without a kept noise buffer ε is drawn straight
         into the parameter and θ is formed in place, ``torch.addcmul(μ, ε, σ, out=p)``: the same kernel and
         operand order as ``p.addcmul_(ε, σ)``, so the result is bitwise that of :meth:`_perturb`."""
-        sqrt_prec = self._precision(group, states).sqrt_()
-        if self.needs_noise:  # the curvature reads ĝ⊙ε·√precision: keep √precision for this sample
-            self._sqrt_prec.update(zip(params, sqrt_prec, strict=True))
-            sigma = sqrt_prec.reciprocal()
-        else:
-            sigma = sqrt_prec.reciprocal_()
-        if self._keeps_noise():
-            noise = TensorList(self._noise_for(p, reuse) for p in params)
-            TensorList(p.detach() for p in params).addcmul_(noise, sigma)
-            return
-        for p, mean, s in zip(params, means, sigma, strict=True):
-            p = p.detach()
-            if self.noise_dtype in (None, p.dtype) and p.is_contiguous():
-                eps = p.normal_(generator=self._generator(p.device))
+        for part in self._slices(params):
+            sqrt_prec = self._precision(group, states[part]).sqrt_()
+            if self.needs_noise:  # the curvature reads ĝ⊙ε·√precision: keep √precision for this sample
+                self._sqrt_prec.update(zip(params[part], sqrt_prec, strict=True))
+                sigma = sqrt_prec.reciprocal()
             else:
-                eps = p.copy_(self._normal_like(p))
-            torch.addcmul(mean, eps, s, out=eps)
+                sigma = sqrt_prec.reciprocal_()
+            if self._keeps_noise():
+                noise = TensorList(self._noise_for(p, reuse) for p in params[part])
+                TensorList(p.detach() for p in params[part]).addcmul_(noise, sigma)
+                continue
+            for p, mean, s in zip(params[part], means[part], sigma, strict=True):
+                p = p.detach()
+                if self.noise_dtype in (None, p.dtype) and p.is_contiguous():
+                    eps = p.normal_(generator=self._generator(p.device))
+                else:
+                    eps = p.copy_(self._normal_like(p))
+                torch.addcmul(mean, eps, s, out=eps)
+
+    def _elementwise(self) -> bool:
+        """``elementwise`` as declared by the classes defining ``_precision`` and ``_update`` (a subclass
+        that overrides either, e.g. with group-wide scratch buffers, must declare it again)."""
+        owners = [next(c for c in type(self).__mro__ if m in c.__dict__) for m in ("_precision", "_update")]
+        return all(c.__dict__.get("elementwise", False) for c in owners)
+
+    def _slices(self, params: list[Tensor]) -> list[slice]:
+        """Consecutive runs of ``params`` of at most a quarter of their elements (or one parameter) each,
+        for ``elementwise`` rules: their temporaries then never hold a full copy of the parameters."""
+        if not self._elementwise() or len(params) < 2:
+            return [slice(0, len(params))]
+        budget = -(-sum(p.numel() for p in params) // 4)
+        out, start, size = [], 0, 0
+        for i, p in enumerate(params):
+            if size and size + p.numel() > budget:
+                out.append(slice(start, i))
+                start, size = i, 0
+            size += p.numel()
+        out.append(slice(start, len(params)))
+        return out
 
     def _normal_like(self, p: Tensor) -> Tensor:
         """A fresh ε shaped like p (drawn in ``noise_dtype`` when set), laid out as ``empty_like(p)``."""
@@ -476,7 +510,6 @@ class VariationalOptimizer(Optimizer):
         if params:
             torch._foreach_copy_([p.detach() for p in params], [self._means[p] for p in params])
         self._means.clear()  # freed until the next draw: the update's temporaries can use the memory
-        self._sqrt_prec.clear()
 
     def _mean_of(self, p: Tensor) -> Tensor:
         """μ of a parameter, also while the parameter holds a sample."""
@@ -590,7 +623,15 @@ class VariationalOptimizer(Optimizer):
                 states = [self.state[p] for p in params]
                 for state in states:
                     state["step"] += 1
-                self._update(group, TensorList(p.detach() for p in params), grads, curvs, states)
+                means = TensorList(p.detach() for p in params)
+                for part in self._slices(params):
+                    self._update(
+                        group,
+                        TensorList(means.tensors[part]),
+                        TensorList(grads.tensors[part]),
+                        None if curvs is None else TensorList(curvs.tensors[part]),
+                        states[part],
+                    )
         self._acc_grad.clear()
         self._acc_curv.clear()
         self._n_samples = 0

@@ -26,6 +26,8 @@ from .base import VariationalOptimizer
 class IVON(VariationalOptimizer):
     """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ)."""
 
+    elementwise = True
+
     needs_noise = True
 
     def __init__(

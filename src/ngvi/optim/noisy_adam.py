@@ -28,6 +28,8 @@ from .base import VariationalOptimizer
 class NoisyAdam(VariationalOptimizer):
     """Noisy Adam (NNG-FFG). Posterior precision 1/σ² = (N/λ)(f + γ_in)."""
 
+    elementwise = True
+
     def __init__(
         self,
         params,

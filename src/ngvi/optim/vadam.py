@@ -33,6 +33,8 @@ class Vadam(VariationalOptimizer):
         mc_samples: posterior samples per step.
     """
 
+    elementwise = True
+
     def __init__(
         self,
         params,

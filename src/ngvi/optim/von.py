@@ -36,6 +36,8 @@ HESSIANS = ("price", "hutchinson")
 class VON(VariationalOptimizer):
     """Variational online-Newton with a Price or Hutchinson diagonal Hessian. Precision = N(s + λ̃)."""
 
+    elementwise = True
+
     def __init__(
         self,
         params,
@@ -55,6 +57,10 @@ class VON(VariationalOptimizer):
     @property
     def needs_noise(self) -> bool:  # the Price estimator reads ε; Hutchinson draws its own z
         return self.hessian == "price"
+
+    @property
+    def curvature_reads_sample(self) -> bool:  # Hutchinson's Hessian-vector product runs through θ's graph
+        return self.hessian == "hutchinson"
 
     def _extra_getstate(self):
         return {"hessian": self.hessian}

@@ -23,6 +23,8 @@ from .base import VariationalOptimizer
 class Vprop(VariationalOptimizer):
     """Variational RMSprop. Posterior precision 1/σ² = N·s + λ."""
 
+    elementwise = True
+
     def __init__(
         self,
         params,

@@ -20,7 +20,7 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path):
     assert all(r["seconds"] > 0 and r["peak_bytes"] > 0 for r in mlp.values())
     assert set(results["sweep"]) == {"8", "16"}
     table = (out / "table.md").read_text()
-    assert "| ngvi.Vadam |" in table and "× Adam" in table and "vadam ≤ 1.5× Adam" in table
+    assert "| ngvi.Vadam |" in table and "× Adam" in table and "vadam time ≤ 1.5× Adam" in table
     if not hasattr(ngvi, "VOGN"):
         assert "vogn: not available in this build" in table
 

@@ -499,28 +499,29 @@ def _targets(ms: dict[str, dict[str, Any]], params: int) -> str:
     def m(name: str) -> float | None:
         return ms[name].get("peak_bytes") if name in ms else None
 
-    checks = []
+    checks: list[tuple[str, float, float, bool]] = []  # (target, measured, bound, at most?)
     for name in ("vadam", "ivon", "vprop"):
         if t(name) and t("adam"):
-            checks.append((f"{name} ≤ 1.5× Adam", t(name) / t("adam"), 1.5))
+            checks.append((f"{name} time ≤ 1.5× Adam", t(name) / t("adam"), 1.5, True))
         if t(name) and t("ivon-opt"):
-            checks.append((f"{name} ≤ 0.5× ivon-opt", t(name) / t("ivon-opt"), 0.5))
+            checks.append((f"{name} time ≤ 0.5× ivon-opt", t(name) / t("ivon-opt"), 0.5, True))
     if t("vogn") and t("backpack"):
-        checks.append(("vogn ≤ 1.0× BackPACK SGS+Adam", t("vogn") / t("backpack"), 1.0))
+        checks.append(("vogn time ≤ 1.0× BackPACK SGS+Adam", t("vogn") / t("backpack"), 1.0, True))
     if t("noisy_kfac") and t("adam"):
-        checks.append(("noisy_kfac (amortised) ≤ 2× Adam", t("noisy_kfac") / t("adam"), 2.0))
+        checks.append(("noisy_kfac time (amortised) ≤ 2× Adam", t("noisy_kfac") / t("adam"), 2.0, True))
     one_copy = 4 * params  # float32 parameters
     if m("vadam") and m("adam"):
         extra = (m("vadam") - m("adam")) / one_copy
-        checks.append(("vadam peak ≤ Adam + one copy of the parameters", extra, 1.0))
+        checks.append(("vadam peak − Adam's ≤ 1 copy of the parameters [copies]", extra, 1.0, True))
     if m("bbvi") and m("vadam"):
-        checks.append(("bbvi peak ≥ 1.5× vadam", m("vadam") * 1.5 / m("bbvi"), 1.0))
+        checks.append(("bbvi peak ≥ 1.5× vadam's", m("bbvi") / m("vadam"), 1.5, False))
     if not checks:
         return ""
-    rows = [[what, f"{v:.2f}", "met" if v <= bound else "**missed**"] for what, v, bound in checks]
-    return "\nTargets (memory rows: extra copies of the parameters over Adam; BBVI: 1.5·Vadam/BBVI):\n\n" + (
-        markdown_table(["target", "measured", ""], rows)
-    )
+    rows = [
+        [what, f"{v:.2f}", "met" if (v <= bound if at_most else v >= bound) else "**missed**"]
+        for what, v, bound, at_most in checks
+    ]
+    return "\nTargets of the issue:\n\n" + markdown_table(["target", "measured", ""], rows)
 
 
 def plot_scaling(results: dict[str, Any], path: Path) -> None:

@@ -53,9 +53,10 @@ def generation_times() -> list[tuple[str, float]]:
         for t, d in zip(f32, f64, strict=True):
             d.copy_(t.normal_(generator=gen))
 
-    pair = timeit(draw(f32)) / 2 + timeit(lambda: [t.neg_() for t in f32]) / 2
+    single = timeit(draw(f32))
+    pair = single / 2 + timeit(lambda: [t.neg_() for t in f32]) / 2  # one draw and one negation per pair
     rows = [
-        ("torch normal_, float32 (default for float32 parameters)", timeit(draw(f32))),
+        ("torch normal_, float32 (default for float32 parameters)", single),
         ("torch normal_, float64 (default for float64 parameters)", timeit(draw(f64))),
         ("noise_dtype=float32 for float64 parameters (draw + cast)", timeit(draw_and_cast)),
         ("noise='antithetic', float32 (average per sample)", pair),

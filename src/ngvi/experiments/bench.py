@@ -453,7 +453,7 @@ def table(results: dict[str, Any]) -> str:
     env = results["environment"]
     lines = [
         "# ngvi bench: step time and peak memory against torch.optim.Adam (same run)\n",
-        f"torch {env['torch']}, {env['device']}, {env['threads']} threads, {env['processor']}; "
+        f"torch {env['torch']}, {env['device']}, threads: {env['threads']}, {env['processor']}; "
         f"load average at the end {env.get('load_average')}; ivon-opt {env.get('ivon')}, "
         f"backpack-for-pytorch {env.get('backpack')}.\n",
         "Time: median step (NoisyKFAC: mean over whole inversion cycles), ratios within one run. "
@@ -542,7 +542,8 @@ def plot_scaling(results: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("parameters")
     ax.set_ylabel("time per step [ms]")
     env = results["environment"]
-    ax.set_title(f"Step time vs size, MLP 784-h-h-10 ({env['device']}, {env['threads']} threads)", fontsize=9)
+    where = f"{env['device']}, threads: {env['threads']}"
+    ax.set_title(f"Step time vs size, MLP 784-h-h-10 ({where})", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -155,7 +155,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", default="-", help="Markdown file ('-': print)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see bench README)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     lines = [
         "# Noise options: cost and statistics\n",
         f"torch {torch.__version__}, {torch.get_num_threads()} threads.\n",

@@ -10,7 +10,8 @@ from ngvi.cli import main
 
 def test_bench_quick_writes_table_json_and_plot(tmp_path):
     out = tmp_path / "bench"
-    argv = ["bench", "--quick", "--out", str(out), "--methods", "adam,vadam,ivon,vogn", "--sweep", "8,16"]
+    argv = ["bench", "--quick", "--out", str(out), "--methods", "adam,vadam,ivon,vogn", "--models", "mlp"]
+    argv += ["--sweep", "8,16"]
     assert main(argv) == 0
     png = (out / "scaling.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,13 +15,22 @@ bit-identical resume in ``state_dict``.
 **Noise.** Each sample draws ε ~ N(0, I) parameter by parameter, in group order, with
 ``tensor.normal_(generator=g)`` from ``g = torch.Generator().manual_seed(seed)`` (one generator per device).
 Opt-in alternatives (``noise=``, ``noise_dtype=``) trade this exact stream for speed; see
-:class:`VariationalOptimizer`. Under ``torch.distributed`` see :mod:`ngvi.distributed` (``rank_noise=``).
+:class:`VariationalOptimizer`.
+
+**Distributed** (:mod:`ngvi.distributed`). Under ``torchrun`` the seed is rank 0's. With the default
+``rank_noise="shared"`` all ranks draw the same ε and DDP averages ĝ, so R ranks × batch B step exactly as one
+process with batch R·B; curvature a rule computes from local data (``local_statistics = ("curv",)``: VOGN's
+per-example squares, K-FAC factors) is averaged over ranks by :meth:`VariationalOptimizer._reduce_statistics`
+before ``_update``. With ``rank_noise="independent"`` each rank's ε is one more MC sample; the model is not
+wrapped in DDP and ĝ and ĥ are averaged here. The finiteness verdict is agreed by all ranks.
 
 **Cost per step** (the hot path, for rules that keep the default diagonal ``_perturb``): μ is saved with one
 multi-tensor copy; the precision is computed once per sample (its square root is reused by rules whose
 curvature reads ε, see :meth:`VariationalOptimizer._sampled_sqrt_precision`); ε is drawn straight into the
-parameter and θ = μ + σ⊙ε is formed in place, so no noise buffer is kept unless the rule needs ε; the
-finiteness check is one fused 2-norm and one host sync. On CPU, drawing ε dominates what remains.
+parameter and θ = μ + σ⊙ε is formed in place, so no noise buffer is kept unless the rule needs ε; μ's copy
+is freed on restore, before ĥ and the update; ``elementwise`` rules run ``_precision`` and ``_update`` on
+slices of the parameters, so no temporary holds a full copy; the finiteness check is one fused 2-norm and
+one host sync. All of this is bitwise the plain computation. On CPU, drawing ε dominates what remains.
 
 Two ways to drive it::
 

@@ -84,7 +84,7 @@ class VariationalOptimizer(Optimizer):
             cancels the first-order noise term (lower variance), while a single step is no longer
             independent of the previous one. Costs one persistent noise buffer (one copy of the parameters).
         noise_dtype: dtype in which ε is drawn (``None``: the parameter's). ``torch.float32`` for float64
-            parameters draws ~6× faster on CPU; ε then has float32 resolution (tails cut at |ε| ≈ 5.8
+            parameters draws ~4× faster on CPU; ε then has float32 resolution (tails cut at |ε| ≈ 5.8
             instead of ≈ 8.6, a probability of ~1e-8).
         rank_noise: ``"shared"`` (default) or ``"independent"`` noise across ``torch.distributed`` ranks;
             see :mod:`ngvi.distributed`. Ignored in a single process.
@@ -355,14 +355,14 @@ class VariationalOptimizer(Optimizer):
             self._draw()
         self._in_sample = True
         try:
-            yield
-            if train and self.curvature_reads_sample:
-                self._accumulate_sample(keep_grad_refs)
-        finally:
-            self._in_sample = False
-            if perturb:
-                self._restore()
-        try:
+            try:
+                yield
+                if train and self.curvature_reads_sample:
+                    self._accumulate_sample(keep_grad_refs)
+            finally:
+                self._in_sample = False
+                if perturb:
+                    self._restore()
             if train and not self.curvature_reads_sample:
                 self._accumulate_sample(keep_grad_refs)
         finally:

@@ -7,7 +7,6 @@ a list with one number per tensor (for per-parameter bias corrections).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import Union
 
@@ -88,7 +87,10 @@ class TensorList:
         return self._wrap(torch._foreach_sqrt(self.tensors))
 
     def rsqrt(self) -> TensorList:
-        return self._wrap(torch._foreach_reciprocal(torch._foreach_sqrt(self.tensors)))
+        # 1/√x as two correctly rounded steps (torch.rsqrt may round differently): sqrt, then in place
+        out = torch._foreach_sqrt(self.tensors)
+        torch._foreach_reciprocal_(out)
+        return self._wrap(out)
 
     def reciprocal(self) -> TensorList:
         return self._wrap(torch._foreach_reciprocal(self.tensors))
@@ -98,6 +100,10 @@ class TensorList:
 
     def square(self) -> TensorList:
         return self._wrap(torch._foreach_mul(self.tensors, self.tensors))
+
+    def square_(self) -> TensorList:
+        torch._foreach_mul_(self.tensors, self.tensors)
+        return self
 
     def clone(self) -> TensorList:
         return self._wrap([t.clone() for t in self.tensors])
@@ -171,12 +177,17 @@ class TensorList:
 
     # -- reductions -------------------------------------------------------------------------------------
     def all_finite(self) -> bool:
-        """True when every element is finite: one fused max-abs (NaN and Inf propagate, large finite
-        values cannot overflow as a 2-norm would) and one host sync."""
+        """True when every element is finite, with one host sync in the common case.
+
+        A fused 2-norm per tensor (vectorised; NaN and Inf propagate into it) decides when all are finite.
+        A 2-norm can overflow for large finite values, so a non-finite norm is confirmed element-wise
+        (max and min, which cannot overflow) before reporting False."""
         if not self.tensors:
             return True
-        max_abs = torch._foreach_norm(self.tensors, ord=math.inf)
-        return bool(torch.stack([m.isfinite().to(max_abs[0].device) for m in max_abs]).all())
+        if _flags_all(torch._foreach_norm(self.tensors)):
+            return True
+        extremes = [m for t in self.tensors if t.numel() for m in torch.aminmax(t.reshape(-1))]
+        return _flags_all(extremes)
 
     def nonfinite_indices(self) -> list[int]:
         return [i for i, t in enumerate(self.tensors) if not bool(torch.isfinite(t).all())]
@@ -186,3 +197,13 @@ class TensorList:
         if _is_scalar_list(other):
             return [float(v) * alpha for v in other]
         return float(other) * alpha
+
+
+def _flags_all(values: list[Tensor]) -> bool:
+    """All of ``values`` (scalars of any dtype and device) are finite: one host sync."""
+    if not values:
+        return True
+    first = values[0]
+    if all(v.dtype == first.dtype and v.device == first.device for v in values):
+        return bool(torch.stack(values).isfinite().all())
+    return bool(torch.stack([v.isfinite().to(first.device) for v in values]).all())

@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "train every optimizer on a 1-D toy regression and plot the predictive bands (~2 min)"),
     "uci": ("uci", "the UCI regression benchmark (Khan et al. 2018 and Zhang et al. 2018, Table 1)"),
     "list": ("listing", "list the methods and data sets ngvi knows"),
+    "bench": ("bench", "step time and peak memory of every optimizer against torch.optim.Adam (~15 min)"),
 }
 
 

@@ -26,6 +26,8 @@ from .base import VariationalOptimizer
 class BAdam(VariationalOptimizer):
     """Bayesian Adam (Laplace posterior from Adam's second moment)."""
 
+    elementwise = True
+
     perturbs_in_step = False
 
     def __init__(

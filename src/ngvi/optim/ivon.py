@@ -26,6 +26,8 @@ from .base import VariationalOptimizer
 class IVON(VariationalOptimizer):
     """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ)."""
 
+    elementwise = True
+
     needs_noise = True
 
     def __init__(
@@ -67,14 +69,14 @@ class IVON(VariationalOptimizer):
         return (h + group["weight_decay"]).mul_(float(group["data_size"]))
 
     def _curvature(self, group, grads, noise, states):
-        return grads * noise * self._precision(group, states).sqrt()  # ĝ⊙(θ−m)/σ² = ĝ⊙ε/σ
+        return (grads * noise).mul_(self._sampled_sqrt_precision(group, states))  # ĝ⊙(θ−m)/σ² = ĝ⊙ε/σ
 
     def _update(self, group, means, grads, curvs, states):
         lr, (beta1, beta2), delta = group["lr"], group["betas"], group["weight_decay"]
         g_bar = TensorList(st["momentum"] for st in states)
         h = TensorList(st["hess"] for st in states)
         g_bar.lerp_(grads, 1 - beta1)
-        riemann = (h - curvs).square().div_(h + delta).mul_(0.5 * (1 - beta2) ** 2)
+        riemann = (h - curvs).square_().div_(h + delta).mul_(0.5 * (1 - beta2) ** 2)
         h.lerp_(curvs, 1 - beta2).add_(riemann)
         step = (g_bar / [1 - beta1 ** st["step"] for st in states]).add_(means * delta).div_(h + delta)
         if math.isfinite(group["clip_radius"]):

@@ -28,6 +28,8 @@ from .base import VariationalOptimizer
 class NoisyAdam(VariationalOptimizer):
     """Noisy Adam (NNG-FFG). Posterior precision 1/σ² = (N/λ)(f + γ_in)."""
 
+    elementwise = True
+
     def __init__(
         self,
         params,
@@ -74,7 +76,7 @@ class NoisyAdam(VariationalOptimizer):
         gamma_in = self.intrinsic_damping(group)
         m = TensorList(st["exp_avg"] for st in states)
         f = TensorList(st["fisher"] for st in states)
-        m.lerp_(grads + means * gamma_in, 1 - beta1)
+        m.lerp_((means * gamma_in).add_(grads), 1 - beta1)  # v = ĝ + γ_in μ
         f.lerp_(curvs, 1 - beta2)
         bias1 = [1 - beta1 ** st["step"] for st in states]
         means.addcdiv_(m, f + (gamma_in + group["damping"]), [-lr / b for b in bias1])

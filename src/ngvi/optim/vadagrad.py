@@ -23,6 +23,8 @@ from .base import VariationalOptimizer
 class VadaGrad(VariationalOptimizer):
     """Variational AdaGrad. Search-distribution precision 1/σ² = s."""
 
+    elementwise = True
+
     def __init__(
         self,
         params,

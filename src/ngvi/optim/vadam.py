@@ -33,6 +33,8 @@ class Vadam(VariationalOptimizer):
         mc_samples: posterior samples per step.
     """
 
+    elementwise = True
+
     def __init__(
         self,
         params,
@@ -61,7 +63,7 @@ class Vadam(VariationalOptimizer):
 
     def _precision(self, group, states):
         s = TensorList(st["exp_avg_sq"] for st in states)
-        return s * float(group["data_size"]) + group["prior_prec"]
+        return (s * float(group["data_size"])).add_(group["prior_prec"])
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()
@@ -71,9 +73,9 @@ class Vadam(VariationalOptimizer):
         prior_tilde = group["prior_prec"] / group["data_size"]
         u = TensorList(st["exp_avg"] for st in states)
         s = TensorList(st["exp_avg_sq"] for st in states)
-        u.lerp_(grads + means * prior_tilde, 1 - beta1)  # (89)
+        u.lerp_((means * prior_tilde).add_(grads), 1 - beta1)  # (89): ĝ + λ̃μ
         s.lerp_(curvs, 1 - beta2)  # (90)
         bias1 = [1 - beta1 ** st["step"] for st in states]
         bias2 = [1 - beta2 ** st["step"] for st in states]
-        denom = (s / bias2).sqrt().add_(prior_tilde)  # √ŝ + λ̃
+        denom = (s / bias2).sqrt_().add_(prior_tilde)  # √ŝ + λ̃
         means.addcdiv_(u, denom, [-lr / b for b in bias1])  # (93): μ ← μ − α (u/(1−γ₁ᵗ)) / denom

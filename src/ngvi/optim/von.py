@@ -36,6 +36,8 @@ HESSIANS = ("price", "hutchinson")
 class VON(VariationalOptimizer):
     """Variational online-Newton with a Price or Hutchinson diagonal Hessian. Precision = N(s + λ̃)."""
 
+    elementwise = True
+
     def __init__(
         self,
         params,
@@ -55,6 +57,10 @@ class VON(VariationalOptimizer):
     @property
     def needs_noise(self) -> bool:  # the Price estimator reads ε; Hutchinson draws its own z
         return self.hessian == "price"
+
+    @property
+    def curvature_reads_sample(self) -> bool:  # Hutchinson's Hessian-vector product runs through θ's graph
+        return self.hessian == "hutchinson"
 
     def _extra_getstate(self):
         return {"hessian": self.hessian}
@@ -76,16 +82,16 @@ class VON(VariationalOptimizer):
 
     def _curvature(self, group, grads, noise, states):
         if self.hessian == "price":
-            return grads * noise * self._precision(group, states).sqrt()  # ĝ⊙ε/σ
+            return (grads * noise).mul_(self._sampled_sqrt_precision(group, states))  # ĝ⊙ε/σ
         return hutchinson_diagonal(group, self._rademacher)
 
     def _update(self, group, means, grads, curvs, states):
         beta = group["beta"]
         prior_tilde = group["prior_prec"] / group["data_size"]
         s = TensorList(st["hess"] for st in states)
-        riemann = (curvs - s).square().div_(s + prior_tilde).mul_(0.5 * beta * beta)
+        riemann = (curvs - s).square_().div_(s + prior_tilde).mul_(0.5 * beta * beta)
         s.lerp_(curvs, beta).add_(riemann)
-        step = grads + means * prior_tilde
+        step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
         means.addcdiv_(step, s + prior_tilde, -group["lr"])
 
     def _rademacher(self, p: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,8 @@ from .base import VariationalOptimizer
 class Vprop(VariationalOptimizer):
     """Variational RMSprop. Posterior precision 1/σ² = N·s + λ."""
 
+    elementwise = True
+
     def __init__(
         self,
         params,
@@ -50,7 +52,7 @@ class Vprop(VariationalOptimizer):
 
     def _precision(self, group, states):
         s = TensorList(st["exp_avg_sq"] for st in states)
-        return s * float(group["data_size"]) + group["prior_prec"]
+        return (s * float(group["data_size"])).add_(group["prior_prec"])
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()
@@ -59,5 +61,5 @@ class Vprop(VariationalOptimizer):
         prior_tilde = group["prior_prec"] / group["data_size"]
         s = TensorList(st["exp_avg_sq"] for st in states)
         s.lerp_(curvs, 1 - group["beta"])  # s ← (1−β_paper)s + β_paper ĝ², β_paper = 1 − beta
-        step = grads + means * prior_tilde
+        step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
         means.addcdiv_(step, s.sqrt().add_(prior_tilde), -group["lr"])

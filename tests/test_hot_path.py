@@ -1,0 +1,73 @@
+"""The engine's fast paths give bitwise the results of the plain ones they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ngvi
+from conftest import DIAGONAL_OPTIMIZERS, build, train
+from ngvi._tensorlist import TensorList
+
+
+def wide_mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)  # several parameters of different sizes, so that the slices differ from the group
+    return nn.Sequential(nn.Linear(3, 40), nn.Tanh(), nn.Linear(40, 40), nn.Tanh(), nn.Linear(40, 1)).double()
+
+
+def plain(opt):
+    """The same optimizer, forced onto the plain paths: generic _perturb, whole-group _update."""
+
+    class Plain(type(opt)):
+        elementwise = False
+
+        def _perturb(self, group, params, noise, states):
+            return ngvi.VariationalOptimizer._perturb(self, group, params, noise, states)
+
+        def _update(self, group, means, grads, curvs, states):
+            assert len(means) == len([p for p in group["params"] if p in self._acc_grad])
+            return super()._update(group, means, grads, curvs, states)
+
+    return Plain
+
+
+@pytest.mark.parametrize("name", sorted(DIAGONAL_OPTIMIZERS))
+def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(name):
+    runs = []
+    for force_plain in (False, True):
+        model = wide_mlp()
+        opt, create_graph = build(name, model, seed=3, **({} if name == "badam" else {"mc_samples": 2}))
+        if force_plain:
+            opt.__class__ = plain(opt)
+            assert not opt._elementwise()
+        else:
+            assert len(opt._slices(list(model.parameters()))) > 1
+        train(model, opt, 4, create_graph)
+        with opt.sampled_params():
+            sample = [p.detach().clone() for p in model.parameters()]
+        runs.append([p.detach().clone() for p in model.parameters()] + sample)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_elementwise_is_not_inherited_by_an_overriding_update():
+    class GroupWide(ngvi.Vadam):
+        def _update(self, group, means, grads, curvs, states):
+            assert len(means) == len(group["params"])  # sees the whole group
+            super()._update(group, means, grads, curvs, states)
+
+    model = wide_mlp()
+    opt = GroupWide(model.parameters(), 64, init_prec=50.0)
+    assert ngvi.Vadam(model.parameters(), 64)._elementwise() and not opt._elementwise()
+    train(model, opt, 2)
+
+
+def test_finiteness_check_accepts_huge_values_and_rejects_nan_and_inf():
+    big = torch.full((1000,), 1e30)  # its float32 2-norm overflows, the values are finite
+    assert TensorList([big, torch.ones(3, dtype=torch.float64)]).all_finite()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = big.clone()
+        t[17] = bad
+        assert not TensorList([torch.ones(2), t]).all_finite()
+    assert TensorList([]).all_finite() and TensorList([torch.empty(0)]).all_finite()

@@ -1,7 +1,8 @@
 """torch.distributed semantics (ngvi.distributed), with 2 gloo processes on CPU in float64.
 
 * ``rank_noise="shared"`` + DDP: 2 ranks × batch B take exactly the steps of 1 process × batch 2B
-  (Vadam; IVON, whose Price curvature reads ε; and a rule with rank-local curvature, averaged by the engine).
+  (Vadam; IVON, whose Price curvature reads ε; rules with rank-local curvature averaged by the engine: a toy
+  one, VOGN's per-example sums and noisy K-FAC's Kronecker factors).
 * a checkpoint written by rank 0 mid-run resumes on 2 ranks and finishes as the uninterrupted run.
 * ``rank_noise="independent"``: ranks draw different θ but keep identical μ and state.
 
@@ -17,6 +18,7 @@ from torch import nn
 
 import ngvi
 
+KINDS = ("vadam", "ivon", "local", "vogn", "noisy_kfac")
 B = 8  # per-rank batch
 STEPS = 6
 RESUME_AT = 3
@@ -54,6 +56,10 @@ def make_opt(kind: str, model: nn.Module, **kw):
         return ngvi.Vadam(params, N, lr=0.05, init_prec=40.0, **kw)
     if kind == "ivon":
         return ngvi.IVON(params, N, lr=0.1, hess_init=0.5, mc_samples=2, **kw)
+    if kind == "vogn":  # per-example squared gradients from hooks, a rank-local statistic
+        return ngvi.VOGN(model, N, lr=0.05, beta=0.1, init_prec=40.0, **kw)
+    if kind == "noisy_kfac":  # Kronecker factors from hooks, rank-local; inverses every 2 steps
+        return ngvi.NoisyKFAC(model, N, lr=0.05, beta=0.1, damping=1e-2, inv_every=2, **kw)
     return LocalCurvature(params, N, lr=0.05, init_prec=40.0, **kw)
 
 
@@ -101,7 +107,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
         x, y = data(world)
         xs, ys = x[rank * B : (rank + 1) * B], y[rank * B : (rank + 1) * B]
         results = {}
-        for kind in ("vadam", "ivon", "local"):
+        for kind in KINDS:
             model = make_model()
             ddp = nn.parallel.DistributedDataParallel(model)
             opt = make_opt(kind, model)
@@ -152,7 +158,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
             for u, v in zip(a[key], b[key], strict=True):
                 torch.testing.assert_close(u, v, rtol=tol, atol=tol)
 
-    for kind in ("vadam", "ivon", "local"):
+    for kind in KINDS:
         model = make_model()
         opt = make_opt(kind, model)
         train(kind, model, opt, x, y, STEPS)

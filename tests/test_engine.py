@@ -373,3 +373,31 @@ def test_posterior_inside_sampled_params_reports_the_mean():
     with opt.sampled_params():
         post = opt.posterior()
     assert_same(post.mean, mean)
+
+
+def test_hutchinson_with_several_parameter_groups():
+    """Groups share one double-backward graph and each takes its product z_g ⊙ (H_gg z_g) through it (an
+    unbiased estimate of diag H like the full product). With a block-diagonal Hessian (two independent
+    regressions) the per-group and the one-group estimates coincide, so the runs must agree exactly."""
+    x, y = regression_batch()
+    runs = []
+    for split in (False, True):
+        torch.manual_seed(0)
+        left, right = nn.Linear(3, 1).double(), nn.Linear(3, 1).double()
+        params = (
+            [{"params": left.parameters()}, {"params": right.parameters()}]
+            if split
+            else [*left.parameters(), *right.parameters()]
+        )
+        opt = ngvi.VON(params, 64, lr=1e-2, beta=0.05, init_prec=50.0, hessian="hutchinson", seed=1)
+
+        def closure(opt=opt, left=left, right=right):
+            opt.zero_grad()
+            loss = ((left(x) - y) ** 2).mean() + ((right(x) + y) ** 2).mean()
+            loss.backward(create_graph=True)
+            return loss
+
+        for _ in range(3):
+            opt.step(closure)
+        runs.append(params_of(left) + params_of(right))
+    assert_same(runs[0], runs[1])

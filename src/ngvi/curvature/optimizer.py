@@ -47,6 +47,9 @@ CURVATURES = ("ef", "fisher")
 class LayerCurvatureMixin:
     """Mixin for a :class:`~ngvi.optim.base.VariationalOptimizer` whose curvature comes from layer hooks."""
 
+    # per-example sums and Kronecker factors come from this rank's minibatch: averaged over ranks (DDP)
+    local_statistics = ("curv",)
+
     model: nn.Module
     curvature: str
     likelihood: Likelihood | None

@@ -10,7 +10,8 @@ Two diagonal Hessian estimators ĥ at the sample θ:
 
 * ``hessian="price"``: the reparameterisation (Price/Stein) estimator of App. D.1, ĥ = ĝ⊙(θ−μ)/σ² = ĝ⊙ε/σ;
 * ``hessian="hutchinson"``: ĥ = z⊙(∇²f z) with Rademacher z. The closure must then call
-  ``loss.backward(create_graph=True)`` so that a Hessian-vector product can be taken.
+  ``loss.backward(create_graph=True)`` so that a Hessian-vector product can be taken. Each parameter group
+  takes its own product z_g⊙(H_gg z_g), also an unbiased estimate of its diagonal.
 
 **Positivity.** Both estimators can be negative, so plain ``(1−β)s + βĥ`` can drive the precision below
 zero. We add the Riemannian-gradient correction term ½β²(ĥ−s)²/(s+λ̃) (Lin, Schmidt & Khan 2020, as used by
@@ -110,7 +111,8 @@ def hutchinson_diagonal(group: dict, draw_z) -> TensorList:
         )
     zs = [draw_z(p) for p in params]
     with torch.enable_grad():
-        hz = torch.autograd.grad(graphs, params, grad_outputs=zs, allow_unused=True)
-    for p in params:  # free the double-backward graph now that the product is taken
+        # retain: other parameter groups take their products through the same graph
+        hz = torch.autograd.grad(graphs, params, grad_outputs=zs, allow_unused=True, retain_graph=True)
+    for p in params:  # the graph is freed once no group's .grad refers to it
         p.grad = p.grad.detach()
     return TensorList(z * (h if h is not None else torch.zeros_like(z)) for z, h in zip(zs, hz, strict=True))

@@ -135,7 +135,9 @@ def hyperparameters(
         ]
         return float(np.mean([r["loglik"] for r in executor.map(jobs)]))
 
-    best = tune(method, dataset, cv_loglik, trials, out / "optuna-journal.log", seed=seed, data_dir=data_dir)
+    objective_id = f"{folds}folds-{protocol.epochs}epochs"
+    journal = out / "optuna-journal.log"
+    best = tune(method, dataset, cv_loglik, trials, journal, objective_id, seed=seed, data_dir=data_dir)
     entry = {**best, "budget": budget, "tuned_on_split": 0, "source": "bo"}
     cache[key] = entry
     save_json(cache_path, cache)

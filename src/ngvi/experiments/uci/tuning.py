@@ -39,15 +39,19 @@ def tune(
     cv_loglik: Callable[[dict[str, float]], float],
     trials: int,
     journal: Path,
+    objective_id: str,
     seed: int = 0,
     data_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Maximise ``cv_loglik(hyperparameters)``; returns the best hyperparameters and the budget used."""
+    """Maximise ``cv_loglik(hyperparameters)``; returns the best hyperparameters and the budget used.
+
+    ``objective_id`` names the objective (folds, epochs): a resumed study continues only trials of the same
+    objective, and a larger trial budget extends it."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
     study = optuna.create_study(
-        study_name=f"{dataset}/{method.name}",
+        study_name=f"{dataset}/{method.name}/{objective_id}",
         storage=storage,
         sampler=sampler,
         direction="maximize",

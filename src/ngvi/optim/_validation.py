@@ -59,6 +59,14 @@ def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     return value
 
 
+def prior_group(group: dict[str, Any]) -> None:
+    """The hyperparameters shared by the rules with a Gaussian prior N(0, I/λ) and an initial precision."""
+    positive("data_size", group["data_size"])
+    nonnegative("lr", group["lr"])
+    positive("prior_prec", group["prior_prec"])
+    init_prec(group["init_prec"], group["prior_prec"])
+
+
 def init_prec(value: Any, prior_prec: float) -> None:
     """init_prec sets σ at t=0 through s₀ = (init_prec − λ)/N, so it must not fall below the prior's."""
     if value is None:

@@ -57,9 +57,16 @@ from .._tensorlist import TensorList
 from ..posterior import DiagonalGaussian
 from . import _validation as check
 
-__all__ = ["NOISES", "NonFiniteGradientError", "VariationalOptimizer"]
+__all__ = ["NOISES", "NonFiniteGradientError", "VariationalOptimizer", "initial_curvature"]
 
 NOISES = ("normal", "antithetic")
+
+
+def initial_curvature(group: dict[str, Any], p: Tensor) -> Tensor:
+    """s₀ = (init_prec − λ)/N, shaped like p, so that q₀ has precision N(s₀ + λ/N) = init_prec;
+    zero for ``init_prec=None`` (q₀ is the prior)."""
+    init, prior, n = group["init_prec"], group["prior_prec"], group["data_size"]
+    return torch.full_like(p, 0.0 if init is None else (init - prior) / n)
 
 
 class NonFiniteGradientError(FloatingPointError):

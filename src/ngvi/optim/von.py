@@ -29,7 +29,7 @@ import torch
 
 from .._tensorlist import TensorList
 from . import _validation as check
-from .base import VariationalOptimizer
+from .base import VariationalOptimizer, initial_curvature
 
 HESSIANS = ("price", "hutchinson")
 
@@ -67,15 +67,11 @@ class VON(VariationalOptimizer):
         return {"hessian": self.hessian}
 
     def _check_group(self, group):
-        check.positive("data_size", group["data_size"])
-        check.nonnegative("lr", group["lr"])
+        check.prior_group(group)
         check.unit_interval("beta", group["beta"], closed_high=True)
-        check.positive("prior_prec", group["prior_prec"])
-        check.init_prec(group["init_prec"], group["prior_prec"])
 
     def _init_state(self, group, p, state):
-        n, prior, init = group["data_size"], group["prior_prec"], group["init_prec"]
-        state["hess"] = torch.full_like(p, 0.0 if init is None else (init - prior) / n)
+        state["hess"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
         s = TensorList(st["hess"] for st in states)

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from .._tensorlist import TensorList
 from . import _validation as check
-from .base import VariationalOptimizer
+from .base import VariationalOptimizer, initial_curvature
 
 
 class Vprop(VariationalOptimizer):
@@ -40,15 +38,11 @@ class Vprop(VariationalOptimizer):
         super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
 
     def _check_group(self, group):
-        check.positive("data_size", group["data_size"])
-        check.nonnegative("lr", group["lr"])
+        check.prior_group(group)
         check.unit_interval("beta", group["beta"])
-        check.positive("prior_prec", group["prior_prec"])
-        check.init_prec(group["init_prec"], group["prior_prec"])
 
     def _init_state(self, group, p, state):
-        n, prior, init = group["data_size"], group["prior_prec"], group["init_prec"]
-        state["exp_avg_sq"] = torch.full_like(p, 0.0 if init is None else (init - prior) / n)
+        state["exp_avg_sq"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
         s = TensorList(st["exp_avg_sq"] for st in states)

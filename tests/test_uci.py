@@ -1,16 +1,24 @@
-"""`ngvi uci`: a 2-split, 2-epoch smoke run of every method (BO path included), resuming, and the report's
-bolding and formatting rules on synthetic results."""
+"""`ngvi uci`: a 2-split, 2-epoch smoke run of every method (BO path included), resuming, merging results
+run in pieces, BO warm starts, BBVI's batched samples, and the report's bolding and formatting rules on
+synthetic results."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
+from torch import nn
 
 from conftest import data_dir
+from ngvi.baselines import BBVI
 from ngvi.cli import main
 from ngvi.experiments.uci.methods import METHODS
 from ngvi.experiments.uci.report import _bold, _fmt, build_table
+from ngvi.experiments.uci.runner import fit_seconds
+from ngvi.experiments.uci.runner import run as run_uci
+from ngvi.experiments.uci.tuning import tune
 
 AVAILABLE = [name for name, m in METHODS.items() if m.available()]
 
@@ -94,3 +102,98 @@ def test_number_format_follows_the_standard_error():
     assert _fmt(3.9312, 0.2634) == "3.93 ± 0.26"
     assert _fmt(0.000612, 0.0000123) == "0.00061 ± 0.00001"
     assert _fmt(4.72, 0.0) == "4.72 ± 0.00"
+
+
+def _bbvi_first_gradients(copies: int, mc_samples: int, seed: int) -> torch.Tensor:
+    """BBVI's first-step gradient estimate (μ and log σ) on a fixed minibatch: with β₁ = 0, Adam's first
+    moment after one step is that estimate."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = BBVI(model, 50, lr=1e-3, betas=(0.0, 0.999), init_prec=4.0, mc_samples=mc_samples, seed=seed)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 3, generator=g), torch.randn(6, 1, generator=g)
+    xb, yb = x.repeat(copies, 1), y.repeat(copies, 1)
+
+    def closure():
+        opt.zero_grad()
+        loss = ((model(xb) - yb) ** 2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    states = [opt.state[p] for p in model.parameters()]
+    return torch.cat([torch.cat([s["exp_avg"].flatten(), s["log_std_exp_avg"].flatten()]) for s in states])
+
+
+def test_bbvi_samples_as_minibatch_copies_is_the_same_estimator():
+    """The UCI protocol draws BBVI's S train samples as S copies of the minibatch in one pass
+    (``samples_in_batch``). Under the local reparameterisation every row gets its own noise, so both
+    estimators have the same distribution: per coordinate, their means and their variances agree within 4
+    standard errors (that of a variance estimate from the fourth central moment)."""
+    assert METHODS["bbvi"].samples_in_batch
+    draws = 400
+    several = torch.stack([_bbvi_first_gradients(1, 5, seed) for seed in range(draws)]).double()
+    copies = torch.stack([_bbvi_first_gradients(5, 1, seed) for seed in range(draws, 2 * draws)]).double()
+
+    def mean_var_and_their_se2(x):
+        mean, var = x.mean(0), x.var(0)
+        fourth = (x - mean).pow(4).mean(0)
+        return mean, var, var / draws, (fourth - var**2) / draws
+
+    m1, v1, m1_se2, v1_se2 = mean_var_and_their_se2(several)
+    m2, v2, m2_se2, v2_se2 = mean_var_and_their_se2(copies)
+    assert ((m1 - m2).abs() <= 4 * (m1_se2 + m2_se2).sqrt() + 1e-7).all()
+    assert ((v1 - v2).abs() <= 4 * (v1_se2 + v2_se2).sqrt() + 1e-12).all()
+    assert (v1 > 0).all()  # every coordinate is random (the check above is not vacuous)
+
+
+def test_bo_evaluates_the_warm_starts_first(tmp_path):
+    seen = []
+
+    def cv_loglik(hp):
+        seen.append(hp)
+        return -((math.log(hp["noise_prec"]) - 2.0) ** 2) - (math.log(hp["prior_prec"]) - 1.0) ** 2
+
+    starts = [{"noise_prec": math.exp(2.0), "prior_prec": math.e}, {"noise_prec": 1e4, "prior_prec": 1.0}]
+    best = tune(METHODS["vogn"], "yacht", cv_loglik, 3, tmp_path / "j.log", "test", starts=starts)
+    assert seen[0] == pytest.approx(starts[0])
+    assert seen[1] == pytest.approx({"noise_prec": math.exp(5.0), "prior_prec": 1.0})  # clipped to log τ ≤ 5
+    assert best["noise_prec"] == pytest.approx(math.exp(2.0)) and best["cv_loglik"] == pytest.approx(0.0)
+
+
+def test_merge_builds_one_table_from_pieces(tmp_path):
+    config = {"protocol": {"epochs": 40, "eval_samples": 100, "curve": True}, "seed": 0}
+    hp = {
+        "prior_prec": 1.0,
+        "noise_prec": 10.0,
+        "source": "bo",
+        "budget": {"trials": 1, "folds": 2, "epochs": 40},
+    }
+    for method in ("vadam", "bbvi"):
+        piece = tmp_path / method
+        piece.mkdir()
+        runs = {
+            f"yacht/{method}/{s}": {"rmse": 1.0 + s, "loglik": -1.0, "curve": [1.0], "seconds": 2.0}
+            for s in (0, 1)
+        }
+        runs["concrete/vadam/0"] = {"rmse": 5.0, "loglik": -3.0, "curve": [5.0], "seconds": 2.0}  # not wanted
+        (piece / "results.json").write_text(json.dumps({"config": config, "runs": runs, "hparams": {}}))
+        (piece / "tuned.json").write_text(json.dumps({f"yacht/{method}": hp}))
+    out = tmp_path / "all"
+    results = run_uci(
+        ["yacht"],
+        ["vadam", "bbvi"],
+        2,
+        "none",
+        out,
+        merge_from=[tmp_path / "vadam", tmp_path / "bbvi"],
+        data_dir=str(data_dir()),
+    )
+    assert sorted(results["runs"]) == ["yacht/bbvi/0", "yacht/bbvi/1", "yacht/vadam/0", "yacht/vadam/1"]
+    assert set(json.loads((out / "tuned.json").read_text())) == {"yacht/vadam", "yacht/bbvi"}
+    assert fit_seconds(results, ["yacht"], "vadam") == 4.0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps({"config": {**config, "seed": 1}, "runs": {}}))
+    with pytest.raises(ValueError, match="same protocol and seed"):
+        run_uci(["yacht"], ["vadam"], 2, "none", out, merge_from=[other], data_dir=str(data_dir()))

@@ -19,7 +19,7 @@ from ngvi.data import uci_name
 from .._io import markdown_table
 from .methods import METHODS
 from .report import build_table, plot_curves
-from .runner import STANDARD_SETS, default_jobs, run
+from .runner import STANDARD_SETS, default_jobs, fit_seconds, run
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
     parser.add_argument("--out", default="runs/uci", help="results folder (default: runs/uci)")
+    parser.add_argument(
+        "--merge-from",
+        default="",
+        help="comma-separated results folders (same protocol and seed) whose fits and tuned values for "
+        "--datasets and --methods are copied into --out first: a benchmark run in pieces, one table",
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -80,18 +86,23 @@ def main(args: argparse.Namespace) -> None:
         jobs=args.jobs,
         seed=args.seed,
         data_dir=args.data_dir,
+        merge_from=[Path(d) for d in args.merge_from.split(",") if d],
     )
     shown = [uci_name(d) for d in datasets]
     hp_rows = [
         [k, f"{v['prior_prec']:.3g}", f"{v['noise_prec']:.3g}", v.get("dropout", "—"), _source(v)]
         for k, v in sorted(results["hparams"].items())
+        if k.split("/")[0] in shown and k.split("/")[1] in methods
+    ]
+    fit_minutes = [
+        f"{METHODS[m].label} {fit_seconds(results, shown, m) / 60:.1f}" for m in methods if m in METHODS
     ]
     command = " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["uci"] else "uci ..."
     header = (
         "# UCI regression benchmark\n\n"
         f"Command: `ngvi {command}`  \n"
-        f"Fitting wall time: {results.get('wall_seconds', 0.0) / 60:.1f} min with {args.jobs} worker "
-        "process(es), tuning not included.  \n"
+        f"Fitting time, summed over each method's fits on one core (tuning not included; with 2 worker "
+        f"processes the wall time is about half): {', '.join(fit_minutes)} min.  \n"
         "λ (prior precision) and τ (noise precision, standardised units) were tuned on split 0 of each data "
         "set and reused for every split.\n\n"
         + markdown_table(["data set / method", "λ", "τ", "dropout", "tuned by"], hp_rows)

@@ -48,6 +48,10 @@ class UCIMethod:
     tunes_dropout: bool = False
     fixed: dict[str, float] = field(default_factory=dict)  # hyperparameters the protocol fixes (not tuned)
     requires: str = ""  # attribute of ngvi that must exist (methods merged later)
+    # Draw the train MC samples as copies of the minibatch in one forward pass: for an all-Linear model
+    # under the local reparameterisation every row gets independent noise, so the mean loss over S copies
+    # of B rows is the S-sample estimator itself, at the cost of one large pass instead of S small ones.
+    samples_in_batch: bool = False
 
     def available(self) -> bool:
         target: Any = ngvi
@@ -186,6 +190,7 @@ METHODS: dict[str, UCIMethod] = {
             (20, 10),
             {"khan2018": "BBVI", "zhang2018": "BBB"},
             requires="baselines.BBVI",
+            samples_in_batch=True,
         ),
         UCIMethod(
             "mc_dropout",

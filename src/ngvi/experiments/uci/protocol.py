@@ -76,17 +76,18 @@ def fit(
         data_size=n,
         prior_prec=prior_prec,
         noise_prec=noise_prec,
-        mc_samples=method.train_samples(dataset),
+        mc_samples=1 if method.samples_in_batch else method.train_samples(dataset),
         dropout=dropout,
     )
     model, trainer = method.build(setting)
     batch = protocol.batch_size(dataset)
+    copies = method.train_samples(dataset) if method.samples_in_batch else 1
     order = torch.Generator().manual_seed(seed)
     curve = []
     for _ in range(protocol.epochs):
         model.train()
         for idx in torch.randperm(n, generator=order).split(batch):
-            xb, yb = x_train[idx], y_train[idx]
+            xb, yb = x_train[idx].repeat(copies, 1), y_train[idx].repeat(copies, 1)
 
             def closure(xb=xb, yb=yb):
                 trainer.zero_grad()

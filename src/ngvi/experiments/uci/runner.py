@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from importlib import resources
@@ -137,11 +138,60 @@ def hyperparameters(
 
     objective_id = f"{folds}folds-{protocol.epochs}epochs"
     journal = out / "optuna-journal.log"
-    best = tune(method, dataset, cv_loglik, trials, journal, objective_id, seed=seed, data_dir=data_dir)
-    entry = {**best, "budget": budget, "tuned_on_split": 0, "source": "bo"}
+    warm = (
+        {}
+        if method.fixed or method.tunes_dropout
+        else {
+            k.split("/")[1]: v
+            for k, v in cache.items()
+            if k.startswith(f"{dataset}/") and k != key and not METHODS[k.split("/")[1]].fixed
+        }
+    )
+    best = tune(
+        method,
+        dataset,
+        cv_loglik,
+        trials,
+        journal,
+        objective_id,
+        seed=seed,
+        data_dir=data_dir,
+        starts=list(warm.values()),
+    )
+    entry = {**best, "budget": budget, "tuned_on_split": 0, "source": "bo", "warm_start": sorted(warm)}
     cache[key] = entry
     save_json(cache_path, cache)
     return entry
+
+
+def merge(out: Path, sources: list[Path], datasets: list[str], methods: list[str], config: dict) -> None:
+    """Copy the fits and tuned values of ``methods`` on ``datasets`` from other results folders into ``out``
+    (for a benchmark run in pieces, e.g. one method per machine); entries already in ``out`` are kept."""
+    results, tuned = load_json(out / "results.json"), load_json(out / "tuned.json")
+    results.setdefault("config", config)
+
+    def wanted(key: str) -> bool:
+        dataset, method = key.split("/")[:2]
+        return dataset in datasets and method in methods
+
+    for src in sources:
+        other = load_json(src / "results.json")
+        if not other:
+            raise ValueError(f"{src} holds no results.json to merge")
+        if other.get("config") != results["config"]:
+            raise ValueError(
+                f"{src} was run with {other.get('config')}, {out} with {results['config']}; merge only "
+                "results of the same protocol and seed"
+            )
+        for section in ("runs", "hparams"):
+            for k, v in other.get(section, {}).items():
+                if wanted(k):
+                    results.setdefault(section, {}).setdefault(k, v)
+        for k, v in load_json(src / "tuned.json").items():
+            if wanted(k):
+                tuned.setdefault(k, v)
+    save_json(out / "results.json", results)
+    save_json(out / "tuned.json", tuned)
 
 
 def run(
@@ -157,15 +207,21 @@ def run(
     jobs: int = 2,
     seed: int = 0,
     data_dir: str | None = None,
+    merge_from: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Fit every (data set, method, split) not yet in ``out/results.json``; returns the results dict."""
+    """Fit every (data set, method, split) not yet in ``out/results.json``; returns the results dict.
+
+    ``merge_from``: results folders whose fits and tuned values for these data sets and methods are taken
+    over first (see :func:`merge`)."""
     datasets = [uci_name(d) for d in datasets]
     chosen = get_methods(methods)
     n_splits = {d: uci_info(d, data_dir).n_splits for d in datasets}  # fails early if the data is missing
     protocol = Protocol(epochs=epochs)
     out.mkdir(parents=True, exist_ok=True)
-    results = load_json(out / "results.json")
     config = {"protocol": asdict(protocol), "seed": seed}
+    if merge_from:
+        merge(out, list(merge_from), datasets, [m.name for m in chosen], config)
+    results = load_json(out / "results.json")
     if results.get("config", config) != config:
         raise ValueError(
             f"{out} holds results of another configuration {results['config']}; use a new --out folder"
@@ -211,6 +267,12 @@ def run(
     finally:
         executor.close()
     return results
+
+
+def fit_seconds(results: dict[str, Any], datasets: list[str], method: str) -> float:
+    """Seconds spent fitting ``method`` on ``datasets`` (all splits), summed over fits."""
+    keys = {f"{d}/{method}" for d in datasets}
+    return sum(v["seconds"] for k, v in results["runs"].items() if k.rsplit("/", 1)[0] in keys)
 
 
 def default_jobs() -> int:

@@ -8,13 +8,16 @@ splits (the output says so).
 MC dropout keeps Gal's fixed λ and tunes τ and its dropout rate over Gal's grid (``dropout_rates.txt``).
 
 Trials are logged to an optuna journal file in the results folder, so a killed tuning run resumes.
+A fresh study first evaluates ``starts``, the optima already found for other methods on the same data set
+(clipped to the search space): they fit the same model, so their λ, τ are strong first guesses and a small
+budget then refines them rather than searching from scratch.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ def tune(
     objective_id: str,
     seed: int = 0,
     data_dir: str | None = None,
+    starts: Sequence[dict[str, float]] = (),
 ) -> dict[str, Any]:
     """Maximise ``cv_loglik(hyperparameters)``; returns the best hyperparameters and the budget used.
 
@@ -58,6 +62,13 @@ def tune(
         load_if_exists=True,
     )
     space = search_space(dataset)
+    if not study.trials:
+        for hp in starts:
+            params = {
+                "log_noise_prec": math.log(hp["noise_prec"]),
+                "log_prior_prec": math.log(hp["prior_prec"]),
+            }
+            study.enqueue_trial({k: min(max(v, space[k][0]), space[k][1]) for k, v in params.items()})
     rates = sorted(uci_info(dataset, data_dir).dropout_rates) if method.tunes_dropout else []
 
     def objective(trial: optuna.Trial) -> float:

@@ -179,7 +179,8 @@ METHODS: dict[str, UCIMethod] = {
         UCIMethod("ivon", "IVON", _ivon, (10, 5)),
         UCIMethod("noisy_adam", "Noisy Adam", _noisy_adam, (10, 5), {"zhang2018": "NNG-FFG"}),
         UCIMethod("badam", "BAdam", _badam, linearized=True),
-        UCIMethod("vogn", "VOGN", _vogn, (10, 5), requires="VOGN"),
+        # VOGN is the mean-field noisy natural gradient with per-example (GGN) curvature: NNG-FFG's family
+        UCIMethod("vogn", "VOGN", _vogn, (10, 5), {"zhang2018": "NNG-FFG"}, requires="VOGN"),
         UCIMethod(
             "noisy_kfac", "Noisy K-FAC", _noisy_kfac, (10, 5), {"zhang2018": "NNG-MVG"}, requires="NoisyKFAC"
         ),

@@ -99,7 +99,8 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
 def comparison(results: dict[str, Any], datasets: list[str], methods: list[str]) -> str:
     lines = [
         "## Comparison with the papers\n",
-        "Difference ours − published, and its z-score on the two standard errors (|z| > 2 flagged).\n",
+        "Difference ours − published, and its z-score on the two standard errors and the published "
+        "rounding (|z| > 2 flagged).\n",
     ]
     rows = []
     for m in methods:
@@ -112,7 +113,9 @@ def comparison(results: dict[str, Any], datasets: list[str], methods: list[str])
                         continue
                     mean, se, _ = summarize(values)
                     diff = mean - pub[0]
-                    scale = math.hypot(se if math.isfinite(se) else 0.0, pub[1])
+                    # the papers round to DECIMALS places: a uniform error of ±half a unit (sd half/√3)
+                    rounding = 0.5 * 10.0 ** -DECIMALS[src] / math.sqrt(3.0)
+                    scale = math.sqrt((se if math.isfinite(se) else 0.0) ** 2 + pub[1] ** 2 + rounding**2)
                     z = diff / scale if scale > 0 else float("inf") * np.sign(diff)
                     verdict = "better" if sign * diff > 0 else "worse"
                     flag = f"**{verdict}**" if abs(z) > 2 else "same within noise"

@@ -91,7 +91,10 @@ def fit(
 
             def closure(xb=xb, yb=yb):
                 trainer.zero_grad()
-                loss = 0.5 * noise_prec * ((model(xb) - yb) ** 2).mean()
+                output = model(xb)
+                loss = 0.5 * noise_prec * ((output - yb) ** 2).mean()
+                if method.true_fisher:
+                    return loss, output  # the optimizer backpropagates (see ngvi.curvature.optimizer)
                 loss.backward()
                 return loss
 

@@ -79,13 +79,22 @@ def tune(
             hp["prior_prec"] = math.exp(trial.suggest_float("log_prior_prec", *space["log_prior_prec"]))
         if rates:
             hp["dropout"] = trial.suggest_categorical("dropout", rates)
-        value = cv_loglik(hp)
-        return value if math.isfinite(value) else float("nan")  # NaN marks the trial failed
+        try:
+            value = cv_loglik(hp)
+        except FloatingPointError:  # a fit diverged (ngvi.NonFiniteGradientError)
+            value = float("nan")
+        if math.isfinite(value):
+            return value
+        # A failed trial teaches the GP nothing, so it proposes the same point again: score a divergence as
+        # the worst value seen so far instead (NaN, i.e. failed, while there is none yet).
+        trial.set_user_attr("diverged", True)
+        seen = [t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        return min(seen) if seen else float("nan")
 
     start = time.perf_counter()
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     if done < trials:
-        study.optimize(objective, n_trials=trials - done, catch=(FloatingPointError,))
+        study.optimize(objective, n_trials=trials - done)
     best = study.best_trial
     out = {
         "noise_prec": math.exp(best.params["log_noise_prec"]),
@@ -96,4 +105,7 @@ def tune(
     }
     if rates:
         out["dropout"] = best.params["dropout"]
+    diverged = sum(bool(t.user_attrs.get("diverged")) for t in study.trials)
+    if diverged:
+        out["diverged_trials"] = diverged
     return out

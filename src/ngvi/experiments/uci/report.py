@@ -9,6 +9,7 @@ z-score on the standard errors, listed under "Comparison with the papers".
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,27 @@ P_VALUE = 0.01
 
 def _per_split(results: dict[str, Any], dataset: str, method: str, metric: str) -> dict[int, float]:
     prefix = f"{dataset}/{method}/"
-    return {int(k[len(prefix) :]): v[metric] for k, v in results["runs"].items() if k.startswith(prefix)}
+    return {
+        int(k[len(prefix) :]): v[metric]
+        for k, v in results["runs"].items()
+        if k.startswith(prefix) and "diverged" not in v
+    }
+
+
+def diverged(results: dict[str, Any], datasets: list[str], methods: list[str]) -> str:
+    """A note listing the fits that diverged (non-finite gradients), which the table leaves out."""
+    counts: Counter[str] = Counter()
+    for k, v in results["runs"].items():
+        dataset, method, _ = k.split("/")
+        if "diverged" in v and dataset in datasets and method in methods:
+            counts[f"{METHODS[method].label} on {dataset}"] += 1
+    if not counts:
+        return ""
+    listed = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
+    return (
+        "\nDiverged fits (non-finite gradients; left out of the means, and the cell shows how many splits "
+        f"it averages): {listed}.\n"
+    )
 
 
 def _fmt(mean: float, se: float) -> str:
@@ -92,6 +113,7 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
                     row.append(f"{pub[0]:.{DECIMALS[src]}f} ± {pub[1]:.{DECIMALS[src]}f}" if pub else "—")
             rows.append(row)
         sections.append(f"## {title}\n\n" + markdown_table(columns, rows))
+    sections.append(diverged(results, datasets, methods))
     sections.append(comparison(results, datasets, methods))
     return "\n".join(sections)
 

@@ -53,16 +53,19 @@ def _fit_job(job: dict[str, Any]) -> dict[str, Any]:
         split = split.cv_folds(n_folds=job["folds"], seed=job["seed"])[job["fold"]]
     method = METHODS[job["method"]]
     hp = job["hp"]
-    return fit(
-        method,
-        job["dataset"],
-        split,
-        hp["prior_prec"],
-        hp["noise_prec"],
-        Protocol(**job["protocol"]),
-        seed=job["seed"] + job["split"],
-        dropout=hp.get("dropout", 0.05),
-    )
+    try:
+        return fit(
+            method,
+            job["dataset"],
+            split,
+            hp["prior_prec"],
+            hp["noise_prec"],
+            Protocol(**job["protocol"]),
+            seed=job["seed"] + job["split"],
+            dropout=hp.get("dropout", 0.05),
+        )
+    except FloatingPointError as err:  # ngvi.NonFiniteGradientError: this fit diverged; the others go on
+        return {"diverged": str(err)}
 
 
 class _Executor:
@@ -134,7 +137,10 @@ def hyperparameters(
             }
             for k in range(folds)
         ]
-        return float(np.mean([r["loglik"] for r in executor.map(jobs)]))
+        folds_done = list(executor.map(jobs))
+        if any("diverged" in r for r in folds_done):
+            return float("nan")  # scored by the tuner as a divergence
+        return float(np.mean([r["loglik"] for r in folds_done]))
 
     objective_id = f"{folds}folds-{protocol.epochs}epochs"
     journal = out / "optuna-journal.log"
@@ -272,7 +278,7 @@ def run(
 def fit_seconds(results: dict[str, Any], datasets: list[str], method: str) -> float:
     """Seconds spent fitting ``method`` on ``datasets`` (all splits), summed over fits."""
     keys = {f"{d}/{method}" for d in datasets}
-    return sum(v["seconds"] for k, v in results["runs"].items() if k.rsplit("/", 1)[0] in keys)
+    return sum(v.get("seconds", 0.0) for k, v in results["runs"].items() if k.rsplit("/", 1)[0] in keys)
 
 
 def default_jobs() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import optuna
 import pytest
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from ngvi.baselines import BBVI
 from ngvi.cli import main
 from ngvi.experiments.uci.methods import METHODS
 from ngvi.experiments.uci.report import _bold, _fmt, build_table
-from ngvi.experiments.uci.runner import fit_seconds
+from ngvi.experiments.uci.runner import STANDARD_SETS, fit_seconds, shipped_hparams
 from ngvi.experiments.uci.runner import run as run_uci
 from ngvi.experiments.uci.tuning import tune
 
@@ -63,7 +64,7 @@ def test_rerun_resumes_without_refitting(smoke_run):
 def test_clear_errors(tmp_path, capsys):
     assert main(["uci", "--methods", "sgd", "--out", str(tmp_path)]) == 2
     assert "unknown method" in capsys.readouterr().err
-    args = ["uci", "--datasets", "yacht", "--methods", "vadam", "--tune", "none", "--epochs", "3"]
+    args = ["uci", "--datasets", "yacht", "--methods", "vprop", "--tune", "none", "--epochs", "3"]
     assert main([*args, "--out", str(tmp_path), "--data-dir", str(data_dir())]) == 2
     assert "no tuned hyperparameters" in capsys.readouterr().err
     assert (
@@ -71,6 +72,17 @@ def test_clear_errors(tmp_path, capsys):
         == 2
     )
     assert "NGVI_DATA" in capsys.readouterr().err
+
+
+def test_shipped_hyperparameters_cover_the_committed_table():
+    """``--tune none`` reproduces docs/results/uci from these: every standard set for the table's methods."""
+    shipped = shipped_hparams()
+    for dataset in STANDARD_SETS:
+        for method in ("vadam", "bbvi", "mc_dropout", "vogn", "noisy_kfac"):
+            hp = shipped[f"{dataset}/{method}"]
+            assert hp["prior_prec"] > 0 and hp["noise_prec"] > 0 and hp["budget"]["epochs"] == 40
+    rates = {hp["dropout"] for k, hp in shipped.items() if k.endswith("/mc_dropout")}
+    assert rates <= {0.005, 0.01, 0.05, 0.1}  # Gal's grid
 
 
 def fake_results(values: dict[str, list[float]]) -> dict:
@@ -197,3 +209,47 @@ def test_merge_builds_one_table_from_pieces(tmp_path):
     (other / "results.json").write_text(json.dumps({"config": {**config, "seed": 1}, "runs": {}}))
     with pytest.raises(ValueError, match="same protocol and seed"):
         run_uci(["yacht"], ["vadam"], 2, "none", out, merge_from=[other], data_dir=str(data_dir()))
+
+
+def test_bo_scores_a_diverged_fit_as_the_worst_value_so_far(tmp_path):
+    def cv_loglik(hp):
+        if hp["noise_prec"] > math.exp(4.0):
+            raise FloatingPointError("diverged")
+        return -((math.log(hp["noise_prec"]) - 2.0) ** 2)
+
+    starts = [
+        {"noise_prec": math.exp(1.0), "prior_prec": 1.0},
+        {"noise_prec": math.exp(4.5), "prior_prec": 1.0},
+    ]
+    best = tune(METHODS["vogn"], "yacht", cv_loglik, 8, tmp_path / "j.log", "test", starts=starts)
+    study = optuna.load_study(
+        study_name="yacht/vogn/test",
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(tmp_path / "j.log"))
+        ),
+    )
+    second = study.trials[1]
+    assert second.user_attrs["diverged"] and second.value == pytest.approx(-1.0)  # the first trial's value
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    assert best["diverged_trials"] >= 1 and best["noise_prec"] <= math.exp(4.0)
+
+
+def test_diverged_fits_are_left_out_and_listed():
+    results = fake_results({"vadam": [1.0, 1.2, 0.9], "bbvi": [1.1, 1.3, 1.0]})
+    results["runs"]["yacht/bbvi/2"] = {"diverged": "non-finite gradient"}
+    table = build_table(results, ["yacht"], ["vadam", "bbvi"], "# header\n")
+    assert "1.20 ± 0.10 (2)" in table  # bbvi: the mean of its two finished splits
+    assert "Diverged fits" in table and "BBVI on yacht: 1" in table
+
+
+def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    from ngvi.experiments.uci import runner
+    from ngvi.optim.base import NonFiniteGradientError
+
+    def diverge(*args, **kwargs):
+        raise NonFiniteGradientError("non-finite gradient")
+
+    monkeypatch.setattr(runner, "fit", diverge)
+    (tmp_path / "tuned.json").write_text(json.dumps({"yacht/vadam": {"prior_prec": 1.0, "noise_prec": 1.0}}))
+    results = run_uci(["yacht"], ["vadam"], 2, "none", tmp_path, jobs=1, data_dir=str(data_dir()))
+    assert results["runs"] == {f"yacht/vadam/{s}": {"diverged": "non-finite gradient"} for s in (0, 1)}

@@ -87,7 +87,9 @@ def fit(
     for _ in range(protocol.epochs):
         model.train()
         for idx in torch.randperm(n, generator=order).split(batch):
-            xb, yb = x_train[idx].repeat(copies, 1), y_train[idx].repeat(copies, 1)
+            xb, yb = x_train[idx], y_train[idx]
+            if copies > 1:
+                xb, yb = xb.repeat(copies, 1), yb.repeat(copies, 1)
 
             def closure(xb=xb, yb=yb):
                 trainer.zero_grad()

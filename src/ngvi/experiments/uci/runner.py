@@ -144,15 +144,7 @@ def hyperparameters(
 
     objective_id = f"{folds}folds-{protocol.epochs}epochs"
     journal = out / "optuna-journal.log"
-    warm = (
-        {}
-        if method.fixed or method.tunes_dropout
-        else {
-            k.split("/")[1]: v
-            for k, v in cache.items()
-            if k.startswith(f"{dataset}/") and k != key and not METHODS[k.split("/")[1]].fixed
-        }
-    )
+    warm = _warm_starts(cache, dataset, method)
     best = tune(
         method,
         dataset,
@@ -168,6 +160,28 @@ def hyperparameters(
     cache[key] = entry
     save_json(cache_path, cache)
     return entry
+
+
+def _tunes_only_prior_and_noise(method: UCIMethod) -> bool:
+    return not method.fixed and not method.tunes_dropout
+
+
+def _warm_starts(cache: dict[str, Any], dataset: str, method: UCIMethod) -> dict[str, dict[str, Any]]:
+    """The optima already tuned for other methods on ``dataset`` over the same (λ, τ) search space."""
+    if not _tunes_only_prior_and_noise(method):
+        return {}
+    starts = {}
+    for key, entry in cache.items():
+        data, name = key.split("/")[:2]
+        other = METHODS.get(name)
+        if (
+            data == dataset
+            and other is not None
+            and other is not method
+            and _tunes_only_prior_and_noise(other)
+        ):
+            starts[name] = entry
+    return starts
 
 
 def merge(out: Path, sources: list[Path], datasets: list[str], methods: list[str], config: dict) -> None:

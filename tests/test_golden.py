@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).with_name("golden")))
-import trajectories as golden  # noqa: E402
+import trajectories as golden
 
 RECORDED = json.loads(golden.FILE.read_text())
 
@@ -21,3 +21,21 @@ def test_trajectory_is_bitwise_unchanged(case):
 
 def test_every_recorded_case_is_run():
     assert set(RECORDED) == {golden.case_id(*c) for c in golden.all_cases()}
+
+
+UCI_COMMAND = (
+    "uci --datasets yacht --methods vadam,bbvi,mc_dropout,vogn,noisy_kfac --splits 1 --tune none --jobs 1"
+)
+
+
+def test_uci_yacht_split0_is_bitwise_unchanged(tmp_path):
+    """`ngvi uci --tune none` on yacht's split 0: every method's RMSE, log-likelihood and curve, to the bit."""
+    from conftest import data_dir
+    from ngvi.cli import main
+
+    if not (data_dir() / "uci").is_dir():
+        pytest.skip(f"no UCI data under {data_dir()}")
+    assert main([*UCI_COMMAND.split(), "--data-dir", str(data_dir()), "--out", str(tmp_path)]) == 0
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    got = {k: {m: v[m] for m in ("curve", "loglik", "rmse")} for k, v in runs.items()}
+    assert got == json.loads(golden.FILE.with_name("uci_yacht_split0.json").read_text())

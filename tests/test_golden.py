@@ -29,7 +29,7 @@ UCI_COMMAND = (
 
 
 def test_uci_yacht_split0_is_bitwise_unchanged(tmp_path):
-    """`ngvi uci --tune none` on yacht's split 0: every method's RMSE, log-likelihood and curve, to the bit."""
+    """`ngvi uci --tune none` on yacht's split 0: RMSE, log-likelihood and curve, to the bit."""
     from conftest import data_dir
     from ngvi.cli import main
 

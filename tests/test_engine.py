@@ -401,3 +401,53 @@ def test_hutchinson_with_several_parameter_groups():
             opt.step(closure)
         runs.append(params_of(left) + params_of(right))
     assert_same(runs[0], runs[1])
+
+
+def test_every_trainer_takes_the_uniform_backward():
+    """`opt.backward(loss, output)` in the closure works for every trainer: VON's Hutchinson keeps the graph,
+    the true-Fisher VOGN/NoisyKFAC sample targets, the rest call loss.backward(); each is a PosteriorOptimizer
+    and its step equals that of the trainer's own closure form."""
+    from ngvi.baselines import BBVI, MAP, MCDropout
+
+    def mlp(dropout: bool = False) -> nn.Module:
+        torch.manual_seed(0)
+        drop = [nn.Dropout(0.1)] if dropout else []
+        return nn.Sequential(nn.Linear(3, 8), nn.Tanh(), *drop, nn.Linear(8, 1))
+
+    x, y = torch.randn(32, 3), torch.randn(32, 1)
+    trainers = {
+        "vadam": (lambda m: ngvi.Vadam(m.parameters(), 32, seed=0), "loss"),
+        "von_hutchinson": (lambda m: ngvi.VON(m.parameters(), 32, hessian="hutchinson", seed=0), "graph"),
+        "vogn_fisher": (lambda m: ngvi.VOGN(m, 32, curvature="fisher", likelihood="gaussian", seed=0), "out"),
+        "kfac_fisher": (
+            lambda m: ngvi.NoisyKFAC(m, 32, curvature="fisher", likelihood="gaussian", seed=0),
+            "out",
+        ),
+        "bbvi": (lambda m: BBVI(m, 32, seed=0), "loss"),
+        "map": (lambda m: MAP(m, 32), "loss"),
+        "mc_dropout": (lambda m: MCDropout(m, 32), "loss"),
+    }
+    for name, (factory, own_form) in trainers.items():
+        finals = []
+        for uniform in (True, False):
+            model = mlp(dropout=name == "mc_dropout")
+            opt = factory(model)
+            assert isinstance(opt, ngvi.PosteriorOptimizer), name
+
+            def closure(opt=opt, model=model, uniform=uniform, own_form=own_form):
+                opt.zero_grad()
+                out = model(x)
+                loss = 0.5 * ((out - y) ** 2).mean()
+                if uniform:
+                    opt.backward(loss, out)
+                elif own_form == "out":
+                    return loss, out
+                else:
+                    loss.backward(create_graph=own_form == "graph")
+                return loss
+
+            torch.manual_seed(1)
+            for _ in range(3):
+                opt.step(closure)
+            finals.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        assert torch.equal(finals[0], finals[1]), name

@@ -75,6 +75,10 @@ class MAP(torch.optim.Adam):
         """λ/N: Adam adds weight_decay·θ to the gradient of the mean loss, i.e. the prior's (λ/N)θ."""
         return group["prior_prec"] / group["data_size"]
 
+    def backward(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
+        """``loss.backward()``: the uniform backward of every ngvi trainer (see ``PosteriorOptimizer``)."""
+        loss.backward()
+
     @contextlib.contextmanager
     def sampled_params(self, train: bool = False) -> Iterator[None]:
         """The point estimate: the weights are left as they are (``train`` is accepted for the ngvi API)."""

@@ -92,6 +92,10 @@ class LayerCurvatureMixin:
         self._groups_frozen = False
         return [p for p in model.parameters() if p.requires_grad]
 
+    def _init_transient(self) -> None:
+        super()._init_transient()
+        self._backward_done = False  # opt.backward() ran in this sample
+
     @property
     def loss_reduction(self) -> str:
         return self._hooks.loss_reduction
@@ -125,6 +129,7 @@ class LayerCurvatureMixin:
             return
         if self._in_sample:
             raise RuntimeError("sampled_params() blocks cannot be nested")
+        self._backward_done = False
         capture = "sampled" if self.curvature == "fisher" else "grads"
         with (
             self._hooks.recording(capture),
@@ -151,8 +156,12 @@ class LayerCurvatureMixin:
                 target = self.likelihood.sample(output, self._generator(output.device))
                 self._hooks.backward_sampled(output, self.likelihood.nll_grad(output, target))
             loss.backward()
+        self._backward_done = True
 
     def _closure_loss(self, result: Any) -> Tensor:
+        if self._backward_done:  # the closure called opt.backward(loss, output) itself
+            self._backward_done = False
+            return super()._closure_loss(result)
         if isinstance(result, tuple | list) and len(result) == 2:
             loss, output = result
             if self.curvature == "fisher":
@@ -163,7 +172,8 @@ class LayerCurvatureMixin:
         if self.curvature == "fisher":
             raise TypeError(
                 "with curvature='fisher' the closure must return (loss, output) without calling backward(): "
-                "`def closure(): opt.zero_grad(); out = model(x); return loss_fn(out, y), out`"
+                "`def closure(): opt.zero_grad(); out = model(x); return loss_fn(out, y), out` (or call "
+                "opt.backward(loss, out) in the closure)"
             )
         return super()._closure_loss(result)
 

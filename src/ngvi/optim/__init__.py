@@ -5,6 +5,7 @@ from .base import NonFiniteGradientError, VariationalOptimizer
 from .ivon import IVON
 from .noisy_adam import NoisyAdam
 from .noisy_kfac import NoisyKFAC
+from .protocol import PosteriorOptimizer
 from .vadagrad import VadaGrad
 from .vadam import Vadam
 from .vogn import VOGN
@@ -19,6 +20,7 @@ __all__ = [
     "NoisyAdam",
     "NoisyKFAC",
     "NonFiniteGradientError",
+    "PosteriorOptimizer",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",

@@ -112,6 +112,8 @@ class VariationalOptimizer(Optimizer):
     #: ``_curvature`` needs the sample still in the parameters (a Hessian-vector product through the
     #: sample's graph); otherwise μ is restored first, so μ's copy and ĥ are never held together
     curvature_reads_sample: bool = False
+    #: :meth:`backward` keeps the graph for a Hessian-vector product (VON's Hutchinson estimator)
+    backward_create_graph: bool = False
 
     def __init__(
         self,
@@ -208,8 +210,19 @@ class VariationalOptimizer(Optimizer):
             return cached
         return self._precision(group, states).sqrt_()
 
+    def backward(self, loss: Tensor, output: Tensor | None = None) -> None:
+        """The backward pass of one posterior sample, as this optimizer needs it.
+
+        Closures may call ``opt.backward(loss, output)`` instead of ``loss.backward()``: every trainer
+        then gets what its curvature needs (a graph for Hessian-vector products, sampled targets for the
+        true Fisher) without the caller knowing which trainer it drives. Here: ``loss.backward()``, keeping
+        the graph when ``backward_create_graph`` is set."""
+        loss.backward(create_graph=self.backward_create_graph)
+
     def _closure_loss(self, result: Any) -> Tensor:
-        """The loss from what the closure returned (subclasses may accept richer returns)."""
+        """The loss from what the closure returned: the loss, or ``(loss, output)``."""
+        if isinstance(result, tuple | list) and len(result) == 2:
+            result = result[0]
         if isinstance(result, Tensor):
             return result.detach()
         if isinstance(result, int | float):

@@ -63,6 +63,10 @@ class VON(VariationalOptimizer):
     def curvature_reads_sample(self) -> bool:  # Hutchinson's Hessian-vector product runs through θ's graph
         return self.hessian == "hutchinson"
 
+    @property
+    def backward_create_graph(self) -> bool:
+        return self.hessian == "hutchinson"
+
     def _extra_getstate(self):
         return {"hessian": self.hessian}
 

@@ -95,6 +95,8 @@ class VariationalOptimizer(Optimizer):
             instead of ≈ 8.6, a probability of ~1e-8).
         rank_noise: ``"shared"`` (default) or ``"independent"`` noise across ``torch.distributed`` ranks;
             see :mod:`ngvi.distributed`. Ignored in a single process.
+        compile: run the rule's update core through ``torch.compile`` (same maths; agrees with the eager
+            update to float tolerance, not bitwise).
     """
 
     #: the rule's ``_curvature`` reads the standard-normal draw ε of each sample
@@ -126,7 +128,11 @@ class VariationalOptimizer(Optimizer):
         noise: str = "normal",
         noise_dtype: torch.dtype | None = None,
         rank_noise: str = "shared",
+        compile: bool = False,
     ):
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be a bool, got {compile!r}")
+        self.compile = compile
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
@@ -334,6 +340,7 @@ class VariationalOptimizer(Optimizer):
             noise=self.noise,
             noise_dtype=self.noise_dtype,
             rank_noise=self.rank_noise,
+            compile=self.compile,
             _pair_start=self._pair_start,
             _rng=self._rng_state(),
         )

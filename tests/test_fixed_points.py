@@ -47,7 +47,7 @@ def test_gradient_magnitude_fixed_point(name):
     theta = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
     if name == "vprop":
         opt = ngvi.Vprop(
-            [theta], N, lr=0.05, beta=0.99, prior_prec=LAM, init_prec=LAM + N, mc_samples=4, seed=0
+            [theta], N, lr=0.05, beta=0.01, prior_prec=LAM, init_prec=LAM + N, mc_samples=4, seed=0
         )
     else:
         opt = ngvi.Vadam(
@@ -68,7 +68,7 @@ def test_gradient_magnitude_fixed_point(name):
                 g["lr"] = 0.05 / (1 + k / 50)
                 decay = 1 - 1 / (50 + k)
                 if name == "vprop":
-                    g["beta"] = decay
+                    g["beta"] = 1 - decay  # Vprop's beta is the step
                 else:
                     g["betas"] = (g["betas"][0], decay)
         opt.step(closure)

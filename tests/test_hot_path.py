@@ -9,6 +9,7 @@ from torch import nn
 import ngvi
 from conftest import DIAGONAL_OPTIMIZERS, build, train
 from ngvi._tensorlist import TensorList
+from ngvi.optim._perturbation import slices
 
 
 def wide_mlp(seed: int = 0) -> nn.Module:
@@ -26,7 +27,7 @@ def plain(opt):
             return ngvi.VariationalOptimizer._perturb(self, group, params, noise, states)
 
         def _update(self, group, means, grads, curvs, states):
-            assert len(means) == len([p for p in group["params"] if p in self._acc_grad])
+            assert len(means) == len(self.accumulator.params(group))
             return super()._update(group, means, grads, curvs, states)
 
     return Plain
@@ -40,9 +41,9 @@ def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(name):
         opt, create_graph = build(name, model, seed=3, **({} if name == "badam" else {"mc_samples": 2}))
         if force_plain:
             opt.__class__ = plain(opt)
-            assert not opt._elementwise()
+            assert not opt._elementwise
         else:
-            assert len(opt._slices(list(model.parameters()))) > 1
+            assert len(slices(list(model.parameters()), opt._elementwise)) > 1
         train(model, opt, 4, create_graph)
         with opt.sampled_params():
             sample = [p.detach().clone() for p in model.parameters()]
@@ -59,7 +60,7 @@ def test_elementwise_is_not_inherited_by_an_overriding_update():
 
     model = wide_mlp()
     opt = GroupWide(model.parameters(), 64, init_prec=50.0)
-    assert ngvi.Vadam(model.parameters(), 64)._elementwise() and not opt._elementwise()
+    assert ngvi.Vadam(model.parameters(), 64)._elementwise and not opt._elementwise
     train(model, opt, 2)
 
 

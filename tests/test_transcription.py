@@ -110,11 +110,12 @@ def test_vadam_matches_fig1_eqs_88_93(mc):
 
 
 def test_vprop_matches_eq_14():
-    lr, decay, lam, init = 0.05, 0.9, 2.0, 30.0
-    lib, opt = run_library(lambda ps, S: ngvi.Vprop(ps, N, lr=lr, beta=decay, prior_prec=lam, init_prec=init))
+    lr, step_beta, lam, init = 0.05, 0.1, 2.0, 30.0  # beta is the paper's step β_t
+    lib, opt = run_library(
+        lambda ps, S: ngvi.Vprop(ps, N, lr=lr, beta=step_beta, prior_prec=lam, init_prec=init)
+    )
     X, Y, mu = problem()
     rng = Replay(opt.seed)
-    step_beta = 1 - decay  # the paper's β_t
     s = [torch.full_like(t, (init - lam) / N) for t in mu]
     for _ in range(STEPS):
         eps = rng.normal(mu)

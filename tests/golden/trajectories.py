@@ -90,7 +90,14 @@ CASES: dict[str, tuple[Callable, str]] = {
     ),
     "von_hutchinson_mc2": (
         lambda m, k: ngvi.VON(
-            m.parameters(), N, lr=1e-2, beta=0.05, init_prec=50.0, hessian="hutchinson", mc_samples=2, seed=3
+            m.parameters(),
+            N,
+            lr=1e-2,
+            beta=0.05,
+            init_prec=50.0,
+            curvature="hutchinson",
+            mc_samples=2,
+            seed=3,
         ),
         "graph",
     ),

@@ -40,20 +40,17 @@ different inputs are coherent. The local trick is only used for the gradient ins
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
+from .. import _validation as check
 from .._tensorlist import TensorList
-from ..optim import _validation as check
 from ..optim.base import VariationalOptimizer
 from ..posterior import DiagonalGaussian
+from ._local_reparam import LocalReparameterisation, LogStdGradient
 
 __all__ = ["BBVI"]
 
@@ -88,8 +85,6 @@ class BBVI(VariationalOptimizer):
             shared with another module (tied weights); pass ``local_reparam=False`` there.
     """
 
-    needs_noise = True
-
     def __init__(
         self,
         model: nn.Module,
@@ -116,26 +111,24 @@ class BBVI(VariationalOptimizer):
         defaults = dict(
             data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=init_prec, eps=eps
         )
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
         self.local_reparam = local_reparam
-        self._lrt_layers = _linear_layers(model) if local_reparam else []
-        self._lrt_params = {p for _, m in self._lrt_layers for p in (m.weight, m.bias) if p is not None}
-
-    def _init_transient(self) -> None:
-        super()._init_transient()
-        self._lrt_on = False
-        self._lrt_leaves: dict[Tensor, Tensor] = {}  # parameter -> log σ leaf of the current sample
-
-    def _extra_getstate(self) -> dict[str, Any]:
-        return dict(
-            local_reparam=self.local_reparam, _lrt_layers=self._lrt_layers, _lrt_params=self._lrt_params
+        self.local_trick = LocalReparameterisation(_linear_layers(model) if local_reparam else [])
+        estimator = LogStdGradient(self.local_trick)
+        super().__init__(
+            params,
+            defaults,
+            mc_samples=mc_samples,
+            curvature=estimator,
+            plugins=(self.local_trick,),
+            **engine_kwargs,
         )
+        self.local_trick.bind(self)
 
     # ------------------------------------------------------------------------------------------------
     # The rule
     # ------------------------------------------------------------------------------------------------
     def _check_group(self, group):
-        check.positive("data_size", group["data_size"])
+        check.data_size(group["data_size"])
         check.nonnegative("lr", group["lr"])
         check.betas("betas", group["betas"])
         check.positive("prior_prec", group["prior_prec"])
@@ -156,34 +149,12 @@ class BBVI(VariationalOptimizer):
     def _precision(self, group, states):
         return self._std(states).square().reciprocal_()
 
-    def _standard_normal(self, p: Tensor) -> Tensor:
-        if self._lrt_on and p in self._lrt_params:  # sampled through its layer's outputs: no weight noise
-            return self._noise.setdefault(p, torch.zeros_like(p))
-        return super()._standard_normal(p)
+    def unsampled(self, p: Tensor, train: bool) -> bool:
+        return train and p in self.local_trick.params  # sampled through its layer's outputs: no weight noise
 
     def _perturb(self, group, params, noise, states):
-        """θ ← μ + σ⊙ε, except for the Linear layers that the local trick samples while training."""
-        std = self._std(states)
-        if self._lrt_on:
-            keep = [i for i, p in enumerate(self._trainable(group)) if p not in self._lrt_params]
-            params, noise, std = (TensorList(t[i] for i in keep) for t in (params, noise, std))
-        if len(params):
-            params.addcmul_(noise, std)
-
-    def _curvature(self, group, grads, noise, states):
-        """∂f/∂log σ of this sample: ĝ⊙ε⊙σ for sampled weights, autograd's value for local-trick layers."""
-        params = [p for p in self._trainable(group) if p.grad is not None]  # the engine's order
-        std = self._std(states)
-        out = []
-        for i, p in enumerate(params):
-            leaf = self._lrt_leaves.get(p) if self._lrt_on else None
-            if leaf is None:
-                out.append(grads[i] * noise[i] * std[i])
-            elif leaf.grad is None:
-                raise RuntimeError(self._bypass_message(p))
-            else:
-                out.append(leaf.grad)
-        return TensorList(out)
+        """θ ← μ + σ⊙ε (the engine leaves out the Linear layers the local trick samples while training)."""
+        params.addcmul_(noise, self._std(states))
 
     def _update(self, group, means, grads, curvs, states):
         n, lam = float(group["data_size"]), group["prior_prec"]
@@ -208,73 +179,6 @@ class BBVI(VariationalOptimizer):
         )
 
     # ------------------------------------------------------------------------------------------------
-    # The local reparameterisation trick
-    # ------------------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _sample_scope(self, *, perturb: bool, train: bool, keep_grad_refs: bool = False) -> Iterator[None]:
-        if self._in_sample:
-            raise RuntimeError("sampled_params() blocks cannot be nested")
-        self._lrt_on = bool(self._lrt_params) and perturb and train
-        handles = []
-        try:
-            with super()._sample_scope(perturb=perturb, train=train, keep_grad_refs=keep_grad_refs):
-                if self._lrt_on:
-                    handles = self._attach_local_reparam()
-                yield
-        finally:
-            for handle in handles:
-                handle.remove()
-            self._lrt_on = False
-            self._lrt_leaves.clear()
-
-    def _attach_local_reparam(self) -> list[Any]:
-        """Give each Linear layer leaves for its log σ and a forward hook that adds the output noise."""
-        handles = []
-        for _, module in self._lrt_layers:
-            leaves = []
-            for p in (module.weight, module.bias):
-                leaf = None
-                if p is not None and p.requires_grad and p in self.state:  # frozen parameters stay fixed
-                    leaf = self._lrt_leaves[p] = self.state[p]["log_std"].detach().requires_grad_(True)
-                leaves.append(leaf)
-            if leaves[0] is not None or leaves[1] is not None:
-                hook = functools.partial(self._local_reparam_output, *leaves)
-                handles.append(module.register_forward_hook(hook, with_kwargs=True))
-        return handles
-
-    def _local_reparam_output(
-        self,
-        log_std_w: Tensor | None,
-        log_std_b: Tensor | None,
-        module: nn.Linear,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        output: Tensor,
-    ) -> Tensor:
-        """x μᵀ + b_μ (the layer's own output at the mean) + √(x²σ_W²ᵀ + σ_b²) ⊙ ε."""
-        x = args[0] if args else kwargs["input"]
-        var = F.linear(x.square(), (2.0 * log_std_w).exp()) if log_std_w is not None else 0.0
-        if log_std_b is not None:
-            var = var + (2.0 * log_std_b).exp()
-        var = torch.as_tensor(var, dtype=output.dtype, device=output.device)
-        noise = torch.randn(
-            output.shape, generator=self._generator(output.device), dtype=output.dtype, device=output.device
-        )
-        return output + var.clamp_min(torch.finfo(var.dtype).tiny).sqrt() * noise
-
-    def _bypass_message(self, p: Tensor) -> str:
-        name, which = next(
-            (name, "weight" if p is m.weight else "bias")
-            for name, m in self._lrt_layers
-            if p is m.weight or p is m.bias
-        )
-        return (
-            f"BBVI: the {which} of Linear layer '{name}' received a gradient without the layer's forward() "
-            "being called (e.g. nn.MultiheadAttention reads out_proj.weight directly), so the local "
-            "reparameterisation cannot sample it; create BBVI(..., local_reparam=False)"
-        )
-
-    # ------------------------------------------------------------------------------------------------
     # The objective
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -285,8 +189,8 @@ class BBVI(VariationalOptimizer):
             params = list(group["params"])
             if not params:
                 continue
-            states = [self._state_of(group, p) for p in params]
-            q = DiagonalGaussian([self._mean_of(p) for p in params], list(self._std(states).square()))
+            states = [self.state_of(group, p) for p in params]
+            q = DiagonalGaussian([self.mean_of(p) for p in params], list(self._std(states).square()))
             prior = DiagonalGaussian.isotropic(q.mean, group["prior_prec"])
             total = total + q.kl(prior).cpu()
         return total

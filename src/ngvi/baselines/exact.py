@@ -36,7 +36,7 @@ from scipy.optimize import minimize
 from torch import Tensor
 from torch.nn import functional as F
 
-from ..optim import _validation as check
+from .. import _validation as check
 from ..posterior import DiagonalGaussian
 
 __all__ = [

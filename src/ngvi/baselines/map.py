@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..optim import _validation as check
+from .. import _validation as check
 
 __all__ = ["MAP"]
 
@@ -63,7 +63,7 @@ class MAP(torch.optim.Adam):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         for key, value in self._prior_defaults.items():
             param_group.setdefault(key, value)
-        check.positive("data_size", param_group["data_size"])
+        check.data_size(param_group["data_size"])
         check.nonnegative("prior_prec", param_group["prior_prec"])
         param_group["weight_decay"] = self._weight_decay(param_group)
         super().add_param_group(param_group)

@@ -36,7 +36,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..optim import _validation as check
+from .. import _validation as check
 from .map import MAP
 
 __all__ = ["MCDropout", "mc_dropout_mlp", "mc_dropout_weight_decay"]
@@ -47,7 +47,7 @@ _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropou
 def mc_dropout_weight_decay(prior_prec: float, data_size: int, p: float) -> float:
     """λ(1−p)/N: Adam's weight decay for the weights of a layer whose input is dropped with rate p."""
     check.nonnegative("prior_prec", prior_prec)
-    check.positive("data_size", data_size)
+    check.data_size(data_size)
     check.unit_interval("p", p)
     return prior_prec * (1.0 - p) / data_size
 

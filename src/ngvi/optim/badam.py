@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from .. import _validation as check
 from .._tensorlist import TensorList
-from . import _validation as check
 from .base import VariationalOptimizer
 
 
@@ -38,13 +38,19 @@ class BAdam(VariationalOptimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         prior_prec: float = 0.0,
         eps: float = 1e-8,
+        mc_samples: int = 1,
         **engine_kwargs: Any,
     ):
+        if mc_samples != 1:
+            raise ValueError(
+                f"BAdam takes its gradient at the mean (it is Adam), so mc_samples must be 1, got "
+                f"{mc_samples!r}; for sampled gradients use ngvi.Vadam"
+            )
         defaults = dict(data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, eps=eps)
         super().__init__(params, defaults, mc_samples=1, **engine_kwargs)
 
     def _check_group(self, group):
-        check.positive("data_size", group["data_size"])
+        check.data_size(group["data_size"])
         check.nonnegative("lr", group["lr"])
         check.betas("betas", group["betas"])
         check.nonnegative("prior_prec", group["prior_prec"])

@@ -18,17 +18,22 @@ from typing import Any
 
 import torch
 
+from .. import _validation as check
 from .._tensorlist import TensorList
-from . import _validation as check
+from ..curvature.estimators import Price
 from .base import VariationalOptimizer
 
 
 class IVON(VariationalOptimizer):
-    """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ)."""
+    """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ).
+
+    Args:
+        params: parameters or groups.  data_size: N (IVON's effective sample size).  lr: α.
+        betas: (β₁, β₂).  weight_decay: δ (default 1e-4); or ``prior_prec`` = λ = δN, the name every ngvi
+            optimizer accepts.  hess_init: h₀.  mc_samples: samples per step.  clip_radius: the update clip.
+    """
 
     elementwise = True
-
-    needs_noise = True
 
     def __init__(
         self,
@@ -36,12 +41,19 @@ class IVON(VariationalOptimizer):
         data_size: int,
         lr: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.99999),
-        weight_decay: float = 1e-4,
+        weight_decay: float | None = None,
         hess_init: float = 1.0,
         mc_samples: int = 1,
         clip_radius: float = math.inf,
+        *,
+        prior_prec: float | None = None,
         **engine_kwargs: Any,
     ):
+        if prior_prec is not None:  # δ = λ/N
+            if weight_decay is not None:
+                raise ValueError("pass weight_decay= or prior_prec= (= weight_decay * data_size), not both")
+            weight_decay = check.positive("prior_prec", prior_prec) / check.data_size(data_size)
+        weight_decay = 1e-4 if weight_decay is None else weight_decay
         defaults = dict(
             data_size=data_size,
             lr=lr,
@@ -50,10 +62,10 @@ class IVON(VariationalOptimizer):
             hess_init=hess_init,
             clip_radius=clip_radius,
         )
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        super().__init__(params, defaults, mc_samples=mc_samples, curvature=Price(), **engine_kwargs)
 
     def _check_group(self, group):
-        check.positive("data_size", group["data_size"])
+        check.data_size(group["data_size"])
         check.nonnegative("lr", group["lr"])
         check.betas("betas", group["betas"])
         check.nonnegative("weight_decay", group["weight_decay"])
@@ -67,9 +79,6 @@ class IVON(VariationalOptimizer):
     def _precision(self, group, states):
         h = TensorList(st["hess"] for st in states)
         return (h + group["weight_decay"]).mul_(float(group["data_size"]))
-
-    def _curvature(self, group, grads, noise, states):
-        return (grads * noise).mul_(self._sampled_sqrt_precision(group, states))  # ĝ⊙(θ−m)/σ² = ĝ⊙ε/σ
 
     def _update(self, group, means, grads, curvs, states):
         lr, (beta1, beta2), delta = group["lr"], group["betas"], group["weight_decay"]

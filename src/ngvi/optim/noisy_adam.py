@@ -20,13 +20,20 @@ from typing import Any
 
 import torch
 
+from .. import _validation as check
 from .._tensorlist import TensorList
-from . import _validation as check
+from ..curvature.estimators import GradientSquares
 from .base import VariationalOptimizer
 
 
 class NoisyAdam(VariationalOptimizer):
-    """Noisy Adam (NNG-FFG). Posterior precision 1/σ² = (N/λ)(f + γ_in)."""
+    """Noisy Adam (NNG-FFG). Posterior precision 1/σ² = (N/λ)(f + γ_in).
+
+    Args:
+        params: parameters or groups.  data_size: N.  lr: α.  betas: (β₁, β₂).
+        prior_var: η of the prior N(0, ηI) (default 1); or ``prior_prec`` = 1/η, the name every ngvi
+            optimizer accepts.  kl_weight: λ (1 for the ELBO).  damping: γ_ex.  mc_samples: samples per step.
+    """
 
     elementwise = True
 
@@ -36,19 +43,24 @@ class NoisyAdam(VariationalOptimizer):
         data_size: int,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
-        prior_var: float = 1.0,
+        prior_var: float | None = None,
         kl_weight: float = 1.0,
         damping: float = 0.0,
         mc_samples: int = 1,
+        *,
+        prior_prec: float | None = None,
         **engine_kwargs: Any,
     ):
+        prior_var = check.prior_var(prior_var, prior_prec)
         defaults = dict(
             data_size=data_size, lr=lr, betas=betas, prior_var=prior_var, kl_weight=kl_weight, damping=damping
         )
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        super().__init__(
+            params, defaults, mc_samples=mc_samples, curvature=GradientSquares(), **engine_kwargs
+        )
 
     def _check_group(self, group):
-        check.positive("data_size", group["data_size"])
+        check.data_size(group["data_size"])
         check.nonnegative("lr", group["lr"])
         check.betas("betas", group["betas"])
         check.positive("prior_var", group["prior_var"])
@@ -67,9 +79,6 @@ class NoisyAdam(VariationalOptimizer):
     def _precision(self, group, states):
         f = TensorList(st["fisher"] for st in states)
         return (f + self.intrinsic_damping(group)).mul_(group["data_size"] / group["kl_weight"])
-
-    def _curvature(self, group, grads, noise, states):
-        return grads.square()
 
     def _update(self, group, means, grads, curvs, states):
         lr, (beta1, beta2) = group["lr"], group["betas"]

@@ -42,28 +42,32 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .. import _validation as check
 from .._tensorlist import TensorList
+from ..curvature.hooks import CurvatureHooks
 from ..curvature.kfac import damped_inverses, pi_split
+from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
-from ..curvature.optimizer import LayerCurvatureMixin
 from ..posterior import KroneckerBlock, KroneckerGaussian
-from . import _validation as check
 from .base import VariationalOptimizer
 
 
-class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
+class NoisyKFAC(VariationalOptimizer):
     """Noisy K-FAC (NNG-MVG) on a model's nn.Linear / nn.Conv2d (and LayerNorm / GroupNorm) layers.
 
     Args:
         model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
             nn.GroupNorm layers (for the normalisation layers each (wₖ, bₖ) pair gets its own 2×2 block).
         data_size: N.  lr: α.  beta: β, the factor EMA step.  momentum: heavy-ball on the natural step.
-        prior_var: η of the prior N(0, ηI).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
+        prior_var: η of the prior N(0, ηI) (default 1).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
+        prior_prec: the prior's precision 1/η, the name every ngvi optimizer accepts (give one of the two).
         stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.
         curvature: "ef" (the closure's own loss) or "fisher" (targets sampled from ``likelihood``).
         likelihood, noise_prec, loss_reduction, chunk_bytes: as for :class:`~ngvi.optim.vogn.VOGN`.
         **engine_kwargs: ``seed``, ``skip_nonfinite``.
     """
+
+    takes_model = True
 
     def __init__(
         self,
@@ -72,7 +76,7 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
         lr: float = 1e-3,
         beta: float = 0.01,
         momentum: float = 0.0,
-        prior_var: float = 1.0,
+        prior_var: float | None = None,
         kl_weight: float = 1.0,
         damping: float = 1e-3,
         stats_every: int = 1,
@@ -81,14 +85,15 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
         curvature: str = "ef",
         *,
         likelihood: str | Likelihood | None = None,
+        prior_prec: float | None = None,
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
         **engine_kwargs: Any,
     ):
-        params = self._attach_model(
+        estimator = KroneckerFactors(
             model,
-            curvature=curvature,
+            curvature,
             likelihood=likelihood,
             noise_prec=noise_prec,
             loss_reduction=loss_reduction,
@@ -99,21 +104,26 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
             lr=lr,
             beta=beta,
             momentum=momentum,
-            prior_var=prior_var,
+            prior_var=check.prior_var(prior_var, prior_prec),
             kl_weight=kl_weight,
             damping=damping,
             stats_every=stats_every,
             inv_every=inv_every,
         )
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
-        self._groups_frozen = True
+        super().__init__(
+            estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
+        )
 
-    def _init_transient(self) -> None:
-        super()._init_transient()
-        self._layer_of = {p: i for i, layer in enumerate(self._hooks.layers) for p in layer.params}
+    @property
+    def _hooks(self) -> CurvatureHooks:
+        return self.curvature_estimator.hooks
+
+    @property
+    def _layer_of(self) -> dict[Tensor, int]:
+        return self.curvature_estimator.layer_of
 
     def _check_group(self, group):
-        check.positive("data_size", group["data_size"])
+        check.data_size(group["data_size"])
         check.nonnegative("lr", group["lr"])
         check.unit_interval("beta", group["beta"], closed_low=False, closed_high=True)
         check.unit_interval("momentum", group["momentum"])
@@ -186,7 +196,7 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
 
     def _perturb(self, group, params, noise, states):
         scale = math.sqrt(group["kl_weight"] / group["data_size"])
-        for i, ks in self._positions(self._trainable(group)):
+        for i, ks in self._positions(self.trainable(group)):
             st = states[ks[0]]
             eps = self._join(i, [noise[k] for k in ks])
             draw = (st["S_root"] @ eps @ st["A_root"].mT).mul_(scale)  # rows ~ S⁻¹, columns ~ (λ/N) A⁻¹
@@ -197,37 +207,15 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
         """Marginal precisions 1/(U_ii V_jj) (the sampling uses the full Kronecker structure)."""
         out: list[Tensor | None] = [None] * len(states)
         scale = group["kl_weight"] / group["data_size"]
-        for i, ks in self._positions(self._trainable(group)):
+        for i, ks in self._positions(self.trainable(group)):
             st = states[ks[0]]
             var = st["S_root"].square().sum(-1)[:, :, None] * st["A_root"].square().sum(-1)[:, None] * scale
             for k, part in zip(ks, self._split(i, var), strict=True):
                 out[k] = part.reciprocal()
         return TensorList(out)
 
-    def _curvature(self, group, grads, noise, states):
-        params = [p for p in self._trainable(group) if p.grad is not None]
-        self._mean_gradient(grads)
-        if self.num_steps % group["stats_every"] != 0:
-            return None
-        factors = self._hooks.kfac_factors()
-        out, missing = [], []
-        for p in params:
-            i = self._layer_of[p]
-            if p is not self._hooks.layers[i].params[0]:
-                out.append(p.new_zeros(1))  # a placeholder: the layer's factors travel with its first param
-            elif i not in factors:
-                missing.append(p)
-            else:
-                # The engine averages per-parameter curvature over MC samples and checks it is finite;
-                # a layer's two factors travel together, flattened, with its first parameter.
-                a, s = factors[i]
-                out.append(torch.cat([a.reshape(-1), s.reshape(-1)]))
-        if missing:
-            raise self._missing_curvature(missing)
-        return TensorList(out)
-
     def _update(self, group, means, grads, curvs, states):
-        params = [p for p in group["params"] if p in self._acc_grad]  # the engine's order of means/grads
+        params = self.accumulator.params(group)  # the engine's order of means/grads
         lr, beta, momentum = group["lr"], group["beta"], group["momentum"]
         gamma_in = self.intrinsic_damping(group)
         invert = self.num_steps % group["inv_every"] == 0
@@ -266,8 +254,8 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
     def posterior(self) -> KroneckerGaussian:
         """A snapshot of q: per layer vec(W) ~ N(vec(M), [S^γin]⁻¹ ⊗ (λ/N)[A^γin]⁻¹), in parameter order."""
         group = self.param_groups[0]
-        params = self._trainable(group)
-        states = [self._state_of(group, p) for p in params]
+        params = self.trainable(group)
+        states = [self.state_of(group, p) for p in params]
         scale = group["kl_weight"] / group["data_size"]
         blocks = []
         for _, ks in self._positions(params):
@@ -276,4 +264,4 @@ class NoisyKFAC(LayerCurvatureMixin, VariationalOptimizer):
             row_cov = s_root @ s_root.mT
             col_cov = (a_root @ a_root.mT).mul_(scale)
             blocks.append(KroneckerBlock(tuple(ks), row_cov, col_cov))
-        return KroneckerGaussian([self._mean_of(p) for p in params], blocks)
+        return KroneckerGaussian([self.mean_of(p) for p in params], blocks)

@@ -15,13 +15,20 @@ from typing import Any
 
 import torch
 
+from .. import _validation as check
 from .._tensorlist import TensorList
-from . import _validation as check
+from ..curvature.estimators import GradientSquares
 from .base import VariationalOptimizer
 
 
 class VadaGrad(VariationalOptimizer):
-    """Variational AdaGrad. Search-distribution precision 1/σ² = s."""
+    """Variational AdaGrad. Search-distribution precision 1/σ² = s.
+
+    Args:
+        params: parameters or groups.  lr: α.  beta: β, the weight of ĝ² in the running sum (not an EMA
+        step: s only grows).  init_prec: s₀.  mc_samples: samples per step.  data_size, prior_prec: accepted
+        for the shared vocabulary; VadaGrad has no prior (``prior_prec`` must be 0) and does not scale by N.
+    """
 
     elementwise = True
 
@@ -32,10 +39,21 @@ class VadaGrad(VariationalOptimizer):
         beta: float = 0.01,
         init_prec: float = 1e4,
         mc_samples: int = 1,
+        *,
+        data_size: int | None = None,
+        prior_prec: float = 0.0,
         **engine_kwargs: Any,
     ):
+        if prior_prec != 0:
+            raise ValueError(
+                f"VadaGrad minimises E_q[F(θ)] without a prior (App. F), so prior_prec must be 0, got "
+                f"{prior_prec!r}; for a posterior under a Gaussian prior use ngvi.Vadam"
+            )
+        self.data_size = None if data_size is None else check.data_size(data_size)  # not used by the rule
         defaults = dict(lr=lr, beta=beta, init_prec=init_prec)
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        super().__init__(
+            params, defaults, mc_samples=mc_samples, curvature=GradientSquares(), **engine_kwargs
+        )
 
     def _check_group(self, group):
         check.nonnegative("lr", group["lr"])
@@ -47,9 +65,6 @@ class VadaGrad(VariationalOptimizer):
 
     def _precision(self, group, states):
         return TensorList(st["sum_sq"] for st in states).clone()
-
-    def _curvature(self, group, grads, noise, states):
-        return grads.square()
 
     def _update(self, group, means, grads, curvs, states):
         s = TensorList(st["sum_sq"] for st in states)

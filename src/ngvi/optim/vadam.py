@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from .. import _validation as check
 from .._tensorlist import TensorList
-from . import _validation as check
+from ..curvature.estimators import GradientSquares
 from .base import VariationalOptimizer, initial_curvature
 
 
@@ -47,7 +48,9 @@ class Vadam(VariationalOptimizer):
         **engine_kwargs: Any,
     ):
         defaults = dict(data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=init_prec)
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        super().__init__(
+            params, defaults, mc_samples=mc_samples, curvature=GradientSquares(), **engine_kwargs
+        )
 
     def _check_group(self, group):
         check.prior_group(group)
@@ -60,9 +63,6 @@ class Vadam(VariationalOptimizer):
     def _precision(self, group, states):
         s = TensorList(st["exp_avg_sq"] for st in states)
         return (s * float(group["data_size"])).add_(group["prior_prec"])
-
-    def _curvature(self, group, grads, noise, states):
-        return grads.square()
 
     def _update(self, group, means, grads, curvs, states):
         lr, (beta1, beta2) = group["lr"], group["betas"]

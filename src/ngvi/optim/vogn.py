@@ -19,7 +19,8 @@ nn.GroupNorm) during the ordinary backward pass (:mod:`ngvi.curvature`): for a L
 * ``curvature="ef"``: gᵢ = ∇fᵢ for the closure's own targets (the empirical Fisher, eq. 9 as written).
 * ``curvature="fisher"``: gᵢ = ∇ of −log p(ỹᵢ | xᵢ, θ) with ỹᵢ drawn from the model's predictive
   (``likelihood=``); E_ỹ[ĥ] is the diagonal of the generalised Gauss-Newton matrix for these likelihoods.
-  The closure returns ``(loss, output)`` without calling backward (see :mod:`ngvi.curvature.optimizer`).
+  The closure calls ``opt.backward(loss, output)`` or returns ``(loss, output)`` without calling backward
+  (see :mod:`ngvi.curvature.layer`).
 
 **Natural momentum** (App. E, eqs. 82–83 with the diagonal Gauss-Newton curvature; γ = ``momentum``):
 
@@ -41,16 +42,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _validation as check
 from .._tensorlist import TensorList
+from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
-from ..curvature.optimizer import LayerCurvatureMixin
-from . import _validation as check
-from .base import VariationalOptimizer
 from .von import VON
 
 
-class VOGN(LayerCurvatureMixin, VON):
-    """Variational online Gauss-Newton on a model's supported layers. Precision = N(s + λ̃).
+class VOGN(VON):
+    """Variational online Gauss-Newton on a model's supported layers: VON's rule with the per-example
+    Gauss-Newton estimator (:class:`ngvi.curvature.layer.PerExampleGGN`). Precision = N(s + λ̃).
 
     Args:
         model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
@@ -62,10 +63,12 @@ class VOGN(LayerCurvatureMixin, VON):
             ("fisher" only).  noise_prec: τ of the "gaussian" likelihood.
         loss_reduction: "mean" (the closure returns (1/M)Σᵢfᵢ) or "sum" (Σᵢfᵢ; ĝ is then divided by M).
         chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
-        **engine_kwargs: ``seed``, ``skip_nonfinite`` (see :class:`~ngvi.optim.base.VariationalOptimizer`).
+        **engine_kwargs: ``seed``, ``skip_nonfinite``, ... (:class:`~ngvi.optim.base.VariationalOptimizer`).
     """
 
-    needs_noise = False  # ĥ comes from the hooks, not from ε (VON's Price estimator reads ε)
+    curvatures = ("ef", "fisher")
+    takes_model = True
+    transient = (*VON.transient, "_scratch")
 
     def __init__(
         self,
@@ -85,26 +88,26 @@ class VOGN(LayerCurvatureMixin, VON):
         chunk_bytes: int = 64 * 2**20,
         **engine_kwargs: Any,
     ):
-        params = self._attach_model(
+        estimator = PerExampleGGN(
             model,
-            curvature=curvature,
+            curvature,
             likelihood=likelihood,
             noise_prec=noise_prec,
             loss_reduction=loss_reduction,
             chunk_bytes=chunk_bytes,
         )
-        self.hessian = "gauss-newton"
-        defaults = dict(
-            data_size=data_size,
-            lr=lr,
-            beta=beta,
-            momentum=momentum,
-            prior_prec=prior_prec,
-            init_prec=init_prec,
+        super().__init__(
+            estimator.parameters,
+            data_size,
+            lr,
+            beta,
+            prior_prec,
+            init_prec,
+            mc_samples,
+            estimator,
+            _extra_defaults={"momentum": momentum},
+            **engine_kwargs,
         )
-        # VON's __init__ only adds its `hessian` choice; the engine's is the one to run.
-        VariationalOptimizer.__init__(self, params, defaults, mc_samples=mc_samples, **engine_kwargs)
-        self._groups_frozen = True
 
     def _check_group(self, group):
         super()._check_group(group)
@@ -128,27 +131,18 @@ class VOGN(LayerCurvatureMixin, VON):
     def _perturb(self, group, params, noise, states):
         # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
         prior_tilde = group["prior_prec"] / group["data_size"]
-        inv_std = self._scratch_for(self._trainable(group))  # the engine's order of params/noise/states
+        inv_std = self._scratch_for(self.trainable(group))  # the engine's order of params/noise/states
         for buf, st in zip(inv_std, states, strict=True):
             torch.add(st["hess"], prior_tilde, out=buf)
         torch._foreach_rsqrt_(inv_std)
         torch._foreach_addcmul_(params.tensors, noise.tensors, inv_std, 1.0 / math.sqrt(group["data_size"]))
-
-    def _curvature(self, group, grads, noise, states):
-        params = [p for p in self._trainable(group) if p.grad is not None]
-        self._mean_gradient(grads)
-        mean_sq = self._hooks.mean_sq_grads()
-        missing = [p for p in params if p not in mean_sq]
-        if missing:
-            raise self._missing_curvature(missing)
-        return TensorList(mean_sq[p] for p in params)
 
     def _update(self, group, means, grads, curvs, states):
         # ``curvs`` is the engine's temporary for this step; once s has absorbed it, it holds s + λ̃.
         beta, momentum, lr = group["beta"], group["momentum"], group["lr"]
         prior_tilde = group["prior_prec"] / group["data_size"]
         s = TensorList(st["hess"] for st in states)
-        step = TensorList(self._scratch_for([p for p in group["params"] if p in self._acc_grad]))
+        step = TensorList(self._scratch_for(self.accumulator.params(group)))
         if momentum:
             buffers = TensorList(self._momentum_buffer(st) for st in states)  # μ_t − μ_{t−1}
             for out, s_t in zip(step, s, strict=True):

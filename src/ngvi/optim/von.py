@@ -8,8 +8,8 @@ r"""VON: the variational online-Newton method (Khan et al. 2018, eqs. 7–8 and 
 
 Two diagonal Hessian estimators ĥ at the sample θ:
 
-* ``hessian="price"``: the reparameterisation (Price/Stein) estimator of App. D.1, ĥ = ĝ⊙(θ−μ)/σ² = ĝ⊙ε/σ;
-* ``hessian="hutchinson"``: ĥ = z⊙(∇²f z) with Rademacher z. The closure must then call
+* ``curvature="price"``: the reparameterisation (Price/Stein) estimator of App. D.1, ĥ = ĝ⊙(θ−μ)/σ² = ĝ⊙ε/σ;
+* ``curvature="hutchinson"``: ĥ = z⊙(∇²f z) with Rademacher z. The closure must then call
   ``loss.backward(create_graph=True)`` so that a Hessian-vector product can be taken. Each parameter group
   takes its own product z_g⊙(H_gg z_g), also an unbiased estimate of its diagonal.
 
@@ -25,19 +25,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from .. import _validation as check
 from .._tensorlist import TensorList
-from . import _validation as check
+from ..curvature.estimators import CurvatureEstimator, estimator_for
 from .base import VariationalOptimizer, initial_curvature
-
-HESSIANS = ("price", "hutchinson")
 
 
 class VON(VariationalOptimizer):
-    """Variational online-Newton with a Price or Hutchinson diagonal Hessian. Precision = N(s + λ̃)."""
+    """Variational online-Newton with a Price or Hutchinson diagonal Hessian. Precision = N(s + λ̃).
+
+    Args:
+        params: parameters or groups.  data_size: N.  lr: α.  beta: β, the curvature step.
+        prior_prec: λ.  init_prec: precision of q at t=0 (None: the prior's).  mc_samples: samples per step.
+        curvature: "price" (default) or "hutchinson" (:mod:`ngvi.curvature.estimators`).
+        hessian: the old name of ``curvature`` (deprecated).
+    """
 
     elementwise = True
+    #: the curvature estimators this rule accepts (the first is the default)
+    curvatures: tuple[str, ...] = ("price", "hutchinson")
 
     def __init__(
         self,
@@ -48,27 +54,24 @@ class VON(VariationalOptimizer):
         prior_prec: float = 1.0,
         init_prec: float | None = None,
         mc_samples: int = 1,
-        hessian: str = "price",
+        curvature: str | CurvatureEstimator | None = None,
+        *,
+        hessian: str | None = None,
+        _extra_defaults: dict[str, Any] | None = None,
         **engine_kwargs: Any,
     ):
-        self.hessian = check.choice("hessian", hessian, HESSIANS)
+        curvature = check.renamed("hessian", hessian, "curvature", curvature, default=self.curvatures[0])
+        estimator = estimator_for(
+            curvature, self.curvatures, keyword="curvature" if hessian is None else "hessian"
+        )
         defaults = dict(data_size=data_size, lr=lr, beta=beta, prior_prec=prior_prec, init_prec=init_prec)
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        defaults.update(_extra_defaults or {})
+        super().__init__(params, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs)
 
     @property
-    def needs_noise(self) -> bool:  # the Price estimator reads ε; Hutchinson draws its own z
-        return self.hessian == "price"
-
-    @property
-    def curvature_reads_sample(self) -> bool:  # Hutchinson's Hessian-vector product runs through θ's graph
-        return self.hessian == "hutchinson"
-
-    @property
-    def backward_create_graph(self) -> bool:
-        return self.hessian == "hutchinson"
-
-    def _extra_getstate(self):
-        return {"hessian": self.hessian}
+    def hessian(self) -> str:
+        """The curvature estimator's name (the old spelling of ``curvature``)."""
+        return self.curvature_estimator.name
 
     def _check_group(self, group):
         check.prior_group(group)
@@ -81,11 +84,6 @@ class VON(VariationalOptimizer):
         s = TensorList(st["hess"] for st in states)
         return (s + group["prior_prec"] / group["data_size"]).mul_(float(group["data_size"]))
 
-    def _curvature(self, group, grads, noise, states):
-        if self.hessian == "price":
-            return (grads * noise).mul_(self._sampled_sqrt_precision(group, states))  # ĝ⊙ε/σ
-        return hutchinson_diagonal(group, self._rademacher)
-
     def _update(self, group, means, grads, curvs, states):
         beta = group["beta"]
         prior_tilde = group["prior_prec"] / group["data_size"]
@@ -94,25 +92,3 @@ class VON(VariationalOptimizer):
         s.lerp_(curvs, beta).add_(riemann)
         step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
         means.addcdiv_(step, s + prior_tilde, -group["lr"])
-
-    def _rademacher(self, p: torch.Tensor) -> torch.Tensor:
-        """z ∈ {−1, +1} shaped like p, from the optimizer's generator (after the sample's ε)."""
-        return torch.empty_like(p).bernoulli_(0.5, generator=self._generator(p.device)).mul_(2).sub_(1)
-
-
-def hutchinson_diagonal(group: dict, draw_z) -> TensorList:
-    """z ⊙ (H z) with Rademacher z = draw_z(p), for the parameters whose ``.grad`` carries a graph."""
-    params = [p for p in group["params"] if p.requires_grad and p.grad is not None]
-    graphs = [p.grad for p in params]
-    if any(g.grad_fn is None for g in graphs):
-        raise RuntimeError(
-            "hessian='hutchinson' needs a Hessian-vector product: call loss.backward(create_graph=True) "
-            "in the closure (or inside sampled_params(train=True))"
-        )
-    zs = [draw_z(p) for p in params]
-    with torch.enable_grad():
-        # retain: other parameter groups take their products through the same graph
-        hz = torch.autograd.grad(graphs, params, grad_outputs=zs, allow_unused=True, retain_graph=True)
-    for p in params:  # the graph is freed once no group's .grad refers to it
-        p.grad = p.grad.detach()
-    return TensorList(z * (h if h is not None else torch.zeros_like(z)) for z, h in zip(zs, hz, strict=True))

@@ -5,16 +5,18 @@ r"""Vprop: RMSprop with weight perturbation (Khan et al. 2018, eq. 14).
     s &\leftarrow (1-\beta)\,s + \beta\,\hat g^2 \\
     \mu &\leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu) / (\sqrt{s} + \tilde\lambda)
 
-Here the keyword ``beta`` is the EMA *decay* (RMSprop's α, Adam's γ₂), i.e. the paper's step β_t is
-``1 - beta``; the default 0.999 matches the authors' code.
+``beta`` is the paper's step β, as in every ngvi optimizer (s ← (1−β)s + βĝ²). Its default 1 − 0.999 is the
+decay 0.999 of the authors' code. (Up to ngvi 0.1 ``beta`` was that decay; a value above 0.5 now gets an
+error that says so.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import _validation as check
 from .._tensorlist import TensorList
-from . import _validation as check
+from ..curvature.estimators import GradientSquares
 from .base import VariationalOptimizer, initial_curvature
 
 
@@ -28,18 +30,26 @@ class Vprop(VariationalOptimizer):
         params,
         data_size: int,
         lr: float = 1e-3,
-        beta: float = 0.999,
+        beta: float = 1 - 0.999,  # RMSprop's decay 0.999, as a step (bitwise the old default)
         prior_prec: float = 1.0,
         init_prec: float | None = None,
         mc_samples: int = 1,
         **engine_kwargs: Any,
     ):
         defaults = dict(data_size=data_size, lr=lr, beta=beta, prior_prec=prior_prec, init_prec=init_prec)
-        super().__init__(params, defaults, mc_samples=mc_samples, **engine_kwargs)
+        super().__init__(
+            params, defaults, mc_samples=mc_samples, curvature=GradientSquares(), **engine_kwargs
+        )
 
     def _check_group(self, group):
         check.prior_group(group)
-        check.unit_interval("beta", group["beta"])
+        check.unit_interval("beta", group["beta"], closed_low=False, closed_high=True)
+        if group["beta"] > 0.5:
+            raise ValueError(
+                f"Vprop's beta is the curvature step β of the paper (s ← (1−β)s + βĝ², e.g. 0.001), as in "
+                f"every ngvi optimizer; got {group['beta']!r}, which looks like an EMA decay (ngvi 0.1 took "
+                f"the decay here): pass beta={1 - group['beta']:.3g}"
+            )
 
     def _init_state(self, group, p, state):
         state["exp_avg_sq"] = initial_curvature(group, p)
@@ -48,12 +58,9 @@ class Vprop(VariationalOptimizer):
         s = TensorList(st["exp_avg_sq"] for st in states)
         return (s * float(group["data_size"])).add_(group["prior_prec"])
 
-    def _curvature(self, group, grads, noise, states):
-        return grads.square()
-
     def _update(self, group, means, grads, curvs, states):
         prior_tilde = group["prior_prec"] / group["data_size"]
         s = TensorList(st["exp_avg_sq"] for st in states)
-        s.lerp_(curvs, 1 - group["beta"])  # s ← (1−β_paper)s + β_paper ĝ², β_paper = 1 − beta
+        s.lerp_(curvs, group["beta"])  # s ← (1−β)s + βĝ²
         step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
         means.addcdiv_(step, s.sqrt().add_(prior_tilde), -group["lr"])

@@ -90,7 +90,7 @@ def _vprop(s: Setting):
         m.parameters(),
         s.data_size,
         lr=LR,
-        beta=BETAS[1],
+        beta=1 - BETAS[1],  # MERGE: Vprop beta (the step, since the vocabulary change)
         prior_prec=s.prior_prec,
         init_prec=s.prior_prec,
         mc_samples=s.mc_samples,

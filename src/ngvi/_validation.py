@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from typing import Any
+
+import torch
+
+MODEL_GROUPS = (
+    "takes its parameters from the model it hooks; add_param_group() is not supported (change "
+    "hyperparameters through param_groups[0] instead)"
+)
 
 
 def _number(name: str, value: Any) -> float:
@@ -61,7 +70,7 @@ def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
 
 def prior_group(group: dict[str, Any]) -> None:
     """The hyperparameters shared by the rules with a Gaussian prior N(0, I/λ) and an initial precision."""
-    positive("data_size", group["data_size"])
+    data_size(group["data_size"])
     nonnegative("lr", group["lr"])
     positive("prior_prec", group["prior_prec"])
     init_prec(group["init_prec"], group["prior_prec"])
@@ -77,3 +86,54 @@ def init_prec(value: Any, prior_prec: float) -> None:
             f"init_prec ({value!r}) must be >= prior_prec ({prior_prec!r}): the initial posterior cannot be "
             "wider than the prior, since s0 = (init_prec - prior_prec) / data_size must be >= 0"
         )
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def seed(value: Any) -> int:
+    """An int seed; None draws one from torch's global RNG (so torch.manual_seed makes runs reproducible)."""
+    if value is None:
+        return int(torch.randint(0, 2**62, ()).item())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"seed must be an int or None, got {value!r}")
+    return value
+
+
+def noise_dtype(value: Any) -> Any:
+    if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+        raise ValueError(f"noise_dtype must be a floating torch.dtype or None, got {value!r}")
+    return value
+
+
+def data_size(value: Any) -> int:
+    """N, the number of training examples: a positive whole number (64.5 examples is a mistake)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"data_size must be a positive int (the number of training examples), got {value!r}; "
+            "for a tempered posterior scale the prior or use kl_weight instead"
+        )
+    return int(value)
+
+
+def renamed(old: str, old_value: Any, new: str, new_value: Any, *, default: Any) -> Any:
+    """The value of a keyword that was renamed: the old spelling still works, with a DeprecationWarning."""
+    if old_value is None:
+        return default if new_value is None else new_value
+    if new_value is not None:
+        raise ValueError(f"pass {new}= only ({old}= is its old name), not both")
+    warnings.warn(f"{old}= is deprecated; use {new}={old_value!r}", DeprecationWarning, stacklevel=3)
+    return old_value
+
+
+def prior_var(prior_var: Any, prior_prec: Any) -> float:
+    """η of NNG's prior N(0, ηI), given as ``prior_var`` (the paper's name) or as ``prior_prec`` = 1/η (the
+    name every ngvi optimizer accepts); 1 if neither is given."""
+    if prior_prec is None:
+        return 1.0 if prior_var is None else prior_var
+    if prior_var is not None:
+        raise ValueError("pass prior_var= or prior_prec= (= 1/prior_var), not both")
+    return 1.0 / positive("prior_prec", prior_prec)

@@ -1,0 +1,159 @@
+"""The sample accumulator: sums of ĝ and ĥ over the MC samples of one step, and what is done with them.
+
+Between ``step()`` calls it holds the pending samples (the closure form fills it within one ``step``; the
+manual form across ``sampled_params(train=True)`` blocks). At the step it yields, per parameter group, the
+means that the rule's update reads, after averaging over ranks what each rank computed from its own data and
+checking that everything is finite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import distributed as dist_util
+from .._tensorlist import TensorList
+from ..curvature.estimators import CurvatureInput
+
+__all__ = ["GroupSums", "SampleAccumulator"]
+
+
+@dataclass
+class GroupSums:
+    """One parameter group's pending sums, in the group's parameter order (parameters with a gradient)."""
+
+    group: dict[str, Any]
+    params: list[Tensor]
+    grads: TensorList
+    curvs: TensorList | None
+
+
+class SampleAccumulator:
+    """Σ ĝ and Σ ĥ per parameter, and the number of samples they hold."""
+
+    def __init__(self) -> None:
+        self.grads: dict[Tensor, Tensor] = {}
+        self.curvs: dict[Tensor, Tensor] = {}
+        self.count = 0
+
+    def params(self, group: dict[str, Any]) -> list[Tensor]:
+        """The parameters of ``group`` with pending sums, in group order (the order of the rule's lists)."""
+        return [p for p in group["params"] if p in self.grads]
+
+    def add_sample(self, opt: Any, keep_grad_refs: bool) -> None:
+        """Add the sample now in ``p.grad`` of ``opt``'s trainable parameters, with its ĥ from ``opt``'s
+        curvature estimator. With ``keep_grad_refs`` the first sample's gradients are kept by reference (no
+        copy: with one sample per step ``p.grad`` itself is ĝ)."""
+        est = opt.curvature_estimator
+        for group in opt.param_groups:
+            params = [p for p in opt.trainable(group) if p.grad is not None]
+            if not params:
+                continue
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError(f"{type(opt).__name__} does not support sparse gradients")
+            states = [opt.state_of(group, p) for p in params]
+            grads = TensorList(p.grad.detach() for p in params)
+            curvs = None
+            if est is not None:
+                noise = TensorList(opt.noise_source.buffer(p) for p in params) if opt.needs_noise else None
+                sqrt_prec = _sqrt_precision(opt, group, params, states)
+                sample = CurvatureInput(
+                    group, params, grads, noise, states, sqrt_prec, opt.noise_source.generator, opt.num_steps
+                )
+                with torch.no_grad():
+                    curvs = est.estimate(sample)
+            for i, p in enumerate(params):
+                _add(self.grads, p, grads[i], keep_grad_refs)
+                if curvs is not None:
+                    _add(self.curvs, p, curvs[i], keep_ref=True)
+        self.count += 1
+
+    def clear(self) -> None:
+        self.grads.clear()
+        self.curvs.clear()
+        self.count = 0
+
+    def sums(self, param_groups: list[dict[str, Any]]) -> list[GroupSums]:
+        """The pending sums of each group that has any, in the groups' parameter order."""
+        out = []
+        for group in param_groups:
+            params = self.params(group)
+            if not params:
+                continue
+            grads = TensorList(self.grads[p] for p in params)
+            curvs = TensorList(self.curvs[p] for p in params) if params[0] in self.curvs else None
+            out.append(GroupSums(group, params, grads, curvs))
+        return out
+
+    @staticmethod
+    def reduce(sums: list[GroupSums], *, independent: bool, local: bool) -> None:
+        """Under torch.distributed, average over ranks (in place) what each rank computed from its own
+        data: ĝ and ĥ with independent rank noise, else ĥ if the estimator is ``local``. A no-op in a single
+        process. (The sums over MC samples are averaged; the division by the sample count comes after.)"""
+        local = {"grad", "curv"} if independent else ({"curv"} if local else set())
+        if not dist_util.is_distributed() or not local:
+            return
+        tensors: list[Tensor] = []
+        for s in sums:
+            if "grad" in local:  # with mc_samples=1 ĝ is p.grad itself, averaged in place as DDP would
+                tensors += s.grads.tensors
+            if "curv" in local and s.curvs is not None:
+                tensors += s.curvs.tensors
+        dist_util.all_reduce_mean_(tensors)
+
+    @staticmethod
+    def all_finite(sums: list[GroupSums], loss: Tensor | None) -> bool:
+        """One fused finiteness check of every sum (and the loss), agreed by all ranks."""
+        everything = [t for s in sums for t in (*s.grads, *(s.curvs or []))]
+        if loss is not None:
+            everything.append(loss.reshape(1))
+        return dist_util.all_agree(TensorList(everything).all_finite())
+
+    def mean_(self, sums: list[GroupSums]) -> None:
+        """Turn the sums into means over the samples, in place."""
+        if self.count > 1:
+            scale = 1.0 / self.count
+            for s in sums:
+                s.grads.mul_(scale)
+                if s.curvs is not None:
+                    s.curvs.mul_(scale)
+
+    @staticmethod
+    def nonfinite_message(name: str, sums: list[GroupSums], param_groups: list[dict[str, Any]], loss) -> str:
+        where = ", ".join(SampleAccumulator.nonfinite_places(sums, param_groups))
+        what = where or f"the loss ({loss.item() if loss is not None else 'n/a'})"
+        return (
+            f"{name}: non-finite gradient or curvature in {what}. The parameters and optimizer state are "
+            "unchanged. Check the loss for NaN/Inf, lower the learning rate or the initial variance "
+            "(init_prec), or pass skip_nonfinite=True to skip such steps."
+        )
+
+    @staticmethod
+    def nonfinite_places(sums: list[GroupSums], param_groups: list[dict[str, Any]]) -> list[str]:
+        """``param_groups[i]['params'][j] (shape ...)`` for each parameter with a non-finite ĝ or ĥ."""
+        where = []
+        for s in sums:
+            gi = next(i for i, g in enumerate(param_groups) if g is s.group)
+            bad = set(s.grads.nonfinite_indices()) | set(s.curvs.nonfinite_indices() if s.curvs else [])
+            for k in sorted(bad):
+                j = next(i for i, q in enumerate(s.group["params"]) if q is s.params[k])
+                where.append(f"param_groups[{gi}]['params'][{j}] (shape {tuple(s.params[k].shape)})")
+        return where
+
+
+def _sqrt_precision(opt: Any, group: dict[str, Any], params: list[Tensor], states: list) -> Any:
+    """1/σ at the sample: inside a sample the state has not changed since the draw, so this is the value
+    the draw computed (no second pass over the state); otherwise it is computed."""
+    if opt.needs_noise and all(p in opt._sqrt_prec for p in params):
+        return lambda: TensorList(opt._sqrt_prec[p] for p in params)
+    return lambda: opt._precision(group, states).sqrt_()
+
+
+def _add(acc: dict[Tensor, Tensor], p: Tensor, value: Tensor, keep_ref: bool) -> None:
+    if p in acc:
+        acc[p].add_(value)
+    else:
+        acc[p] = value if keep_ref else value.clone()

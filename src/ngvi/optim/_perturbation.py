@@ -1,0 +1,103 @@
+"""Drawing a posterior sample into the parameters, and the hot path for diagonal posteriors.
+
+:func:`draw` saves μ, asks the noise source for ε and has the rule's ``_perturb`` form θ. For diagonal
+posteriors :func:`perturb_diagonal` does so in place, in slices, bitwise the plain way: μ is saved once per
+sample; the precision is computed once per slice of at most a quarter of the parameters (its square root is
+kept when the curvature reads ε, as Price's ĝ⊙ε/σ does); ε is drawn straight into the parameter when nothing
+reads it later, so no noise buffer is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._tensorlist import TensorList
+
+
+@torch.no_grad()
+def draw(opt: Any, train: bool) -> None:
+    """Put θ ~ q into every trainable parameter of ``opt``, saving μ in ``opt._means``. On any error the
+    parameters, the saved means and the noise source are as before the call."""
+    noise = opt.noise_source
+    checkpoint = noise.checkpoint()
+    done: list[Tensor] = []
+    try:
+        reuse = noise.begin_draw(opt._all_trainable())
+        for group in opt.param_groups:
+            params = opt.trainable(group)
+            if not params:
+                continue
+            states = [opt.state_of(group, p) for p in params]
+            means = [torch.empty_like(p, memory_format=torch.preserve_format) for p in params]
+            torch._foreach_copy_(means, [p.detach() for p in params])
+            for p, mean in zip(params, means, strict=True):
+                opt._means[p] = mean
+                done.append(p)
+            if opt.diagonal_perturb:
+                perturb_diagonal(opt, group, params, means, states, reuse)
+                continue
+            keep = [i for i, p in enumerate(params) if not opt.unsampled(p, train)]
+            eps = [noise.draw(params[i], reuse) for i in keep]
+            for p in params:  # parameters sampled elsewhere keep μ and get ε = 0 (no draw)
+                if opt.unsampled(p, train):
+                    noise.zeros(p)
+            if keep:
+                sampled = TensorList(params[i].detach() for i in keep)
+                opt._perturb(group, sampled, TensorList(eps), [states[i] for i in keep])
+        noise.end_draw(reuse)
+    except BaseException:
+        for p in done:
+            p.copy_(opt._means.pop(p))
+        opt._sqrt_prec.clear()
+        noise.rollback(checkpoint)
+        if noise.mode == "antithetic":  # some buffers may have been flipped: redraw the pair's ε
+            noise.redraw_pair(opt._all_trainable())
+        raise
+
+
+def perturb_diagonal(
+    opt: Any,
+    group: dict[str, Any],
+    params: list[Tensor],
+    means: list[Tensor],
+    states: list[dict],
+    reuse: bool,
+) -> None:
+    """θ = μ + ε/√precision for ``params`` (holding μ on entry, saved in ``means``), with one precision pass
+    and no spare copies. Without a kept noise buffer ε is drawn into the parameter and
+    ``torch.addcmul(μ, ε, σ, out=p)`` forms θ: the kernel and operand order of ``p.addcmul_(ε, σ)``, so the
+    result is bitwise that of ``VariationalOptimizer._perturb``."""
+    noise = opt.noise_source
+    for part in slices(params, opt._elementwise):
+        sqrt_prec = opt._precision(group, states[part]).sqrt_()
+        if opt.needs_noise:  # the curvature reads ĝ⊙ε·√precision: keep √precision for this sample
+            opt._sqrt_prec.update(zip(params[part], sqrt_prec, strict=True))
+            sigma = sqrt_prec.reciprocal()
+        else:
+            sigma = sqrt_prec.reciprocal_()
+        if noise.keep:
+            eps = TensorList(noise.draw(p, reuse) for p in params[part])
+            TensorList(p.detach() for p in params[part]).addcmul_(eps, sigma)
+            continue
+        for p, mean, s in zip(params[part], means[part], sigma, strict=True):
+            eps = noise.into(p.detach())
+            torch.addcmul(mean, eps, s, out=eps)
+
+
+def slices(params: list[Tensor], elementwise: bool) -> list[slice]:
+    """Consecutive runs of ``params`` of at most a quarter of their elements (or one parameter) each, for
+    ``elementwise`` rules: their temporaries then never hold a full copy of the parameters."""
+    if not elementwise or len(params) < 2:
+        return [slice(0, len(params))]
+    budget = -(-sum(p.numel() for p in params) // 4)
+    out, start, size = [], 0, 0
+    for i, p in enumerate(params):
+        if size and size + p.numel() > budget:
+            out.append(slice(start, i))
+            start, size = i, 0
+        size += p.numel()
+    out.append(slice(start, len(params)))
+    return out

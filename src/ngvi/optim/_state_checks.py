@@ -1,0 +1,154 @@
+"""Checks that a state dict fits an optimizer before anything of it is loaded.
+
+``torch.optim.Optimizer.load_state_dict`` only compares the number of groups and parameters. State from
+another optimizer class, a model of other shapes, or a corrupted file would load silently and fail at the
+next step, by when the optimizer's own state is gone. :func:`validate` refuses such state with a
+``ValueError`` naming what differs, and changes nothing. Everything it reads is made of plain types and
+tensors, so ``torch.load(weights_only=True)`` keeps working.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: state entries a rule creates only when an option needs them (heavy-ball buffers)
+OPTIONAL_STATE = frozenset({"momentum_buffer"})
+_COUNTERS = ("seed", "num_steps", "skipped_steps", "num_draws")
+
+
+def engine_state(opt: Any) -> dict[str, Any]:
+    """The engine's entry of a state dict: the noise source, the counters, and what the state was saved
+    by (the class and each group's parameter shapes, checked at load)."""
+    return {
+        **opt.noise_source.state_dict(),
+        "skipped_steps": opt.skipped_steps,
+        "num_steps": opt.num_steps,
+        "class": type(opt).__name__,
+        "shapes": [[list(p.shape) for p in group["params"]] for group in opt.param_groups],
+    }
+
+
+def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
+    """Raise ValueError if ``state_dict`` (with its ``"ngvi"`` entry ``extra``) cannot be used by ``opt``."""
+    name = type(opt).__name__
+    if not isinstance(extra, dict):
+        raise ValueError(
+            f"{name}.load_state_dict: the state has no 'ngvi' entry, so it was not saved by an ngvi "
+            "optimizer (torch.optim's?); load a state saved by the same ngvi optimizer class"
+        )
+    saved_class = extra.get("class", name)
+    if saved_class != name:
+        raise ValueError(f"{name}.load_state_dict: the state was saved by {saved_class}, not {name}")
+    _check_counters(name, extra)
+    groups, state = state_dict.get("param_groups"), state_dict.get("state")
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        raise ValueError(
+            f"{name}.load_state_dict: the state lacks 'param_groups' (a list) or 'state' (a dict)"
+        )
+    if len(groups) != len(opt.param_groups):
+        raise ValueError(
+            f"{name}.load_state_dict: the state has {len(groups)} parameter group(s), this optimizer "
+            f"{len(opt.param_groups)}"
+        )
+    for gi, (saved, group) in enumerate(zip(groups, opt.param_groups, strict=True)):
+        _check_group(opt, gi, saved, group)
+    shapes = extra.get("shapes")
+    index: dict[Any, tuple[str, Tensor, dict[str, Any]]] = {}
+    for gi, (saved, group) in enumerate(zip(groups, opt.param_groups, strict=True)):
+        for j, (key, p) in enumerate(zip(saved["params"], group["params"], strict=True)):
+            where = f"param_groups[{gi}]['params'][{j}]"
+            if shapes is not None and list(shapes[gi][j]) != list(p.shape):
+                raise ValueError(
+                    f"{name}.load_state_dict: {where} has shape {tuple(p.shape)} here but "
+                    f"{tuple(shapes[gi][j])} in the state (a model of another size?)"
+                )
+            index[key] = (where, p, group)
+    for key, entry in state.items():
+        if key not in index:
+            raise ValueError(f"{name}.load_state_dict: the state has an entry for unknown parameter {key!r}")
+        _check_param_state(opt, name, *index[key], entry)
+
+
+def _check_counters(name: str, extra: dict[str, Any]) -> None:
+    for key in _COUNTERS:
+        value = extra.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}.load_state_dict: 'ngvi'/{key!r} must be an int >= 0, got {value!r}")
+    rng = extra.get("rng")
+    if not isinstance(rng, dict):
+        raise ValueError(f"{name}.load_state_dict: 'ngvi'/'rng' must map devices to generator states")
+    for dev, value in chain(rng.items(), (extra.get("pair_start") or {}).items()):
+        try:
+            torch.Generator(device=torch.device(dev)).set_state(value)
+        except (RuntimeError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"{name}.load_state_dict: bad generator state for device {dev!r}: {err}"
+            ) from None
+
+
+def _check_group(opt: Any, gi: int, saved: Any, group: dict[str, Any]) -> None:
+    name = type(opt).__name__
+    if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
+        raise ValueError(f"{name}.load_state_dict: param_groups[{gi}] must be a dict with a 'params' list")
+    if len(saved["params"]) != len(group["params"]):
+        raise ValueError(
+            f"{name}.load_state_dict: param_groups[{gi}] has {len(saved['params'])} parameters in the state, "
+            f"{len(group['params'])} here"
+        )
+    missing = sorted(k for k in group if k != "params" and k not in saved)
+    if missing:
+        raise ValueError(
+            f"{name}.load_state_dict: param_groups[{gi}] lacks {missing} (saved by another class?)"
+        )
+    merged = {**group, **saved, "params": group["params"]}
+    try:
+        opt._check_group(merged)
+    except ValueError as err:
+        raise ValueError(f"{name}.load_state_dict: param_groups[{gi}]: {err}") from None
+
+
+def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[str, Any], entry: Any) -> None:
+    if not isinstance(entry, dict):
+        raise ValueError(
+            f"{name}.load_state_dict: the state of {where} must be a dict, got {type(entry).__name__}"
+        )
+    if not entry:
+        return
+    expected: dict[str, Any] = {}
+    with torch.no_grad():
+        opt._init_state(group, p, expected)
+    missing = sorted(set(expected) - set(entry)) + ([] if "step" in entry else ["step"])
+    unknown = sorted(set(entry) - set(expected) - OPTIONAL_STATE - {"step"})
+    if missing or unknown:
+        raise ValueError(
+            f"{name}.load_state_dict: the state of {where} lacks {missing} / has unknown {unknown}: it was "
+            f"saved by another optimizer class than {name}"
+        )
+    step = entry["step"]
+    if isinstance(step, Tensor) and step.numel() == 1 and not step.is_floating_point():
+        step = int(step)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(
+            f"{name}.load_state_dict: the step count of {where} must be an int >= 0, got {step!r}"
+        )
+    for key, value in entry.items():
+        want = expected.get(key)
+        if key == "step":
+            continue
+        if isinstance(want, int) and not isinstance(want, bool):  # a counter (K-FAC's factor updates)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} must be an int >= 0")
+            continue
+        if not isinstance(value, Tensor) or not value.is_floating_point():
+            raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} must be a floating tensor")
+        if isinstance(want, Tensor) and value.shape != want.shape:
+            raise ValueError(
+                f"{name}.load_state_dict: state {key!r} of {where} has shape {tuple(value.shape)}, expected "
+                f"{tuple(want.shape)} (a model of another size?)"
+            )
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} holds NaN or Inf values")

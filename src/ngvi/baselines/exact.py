@@ -32,7 +32,6 @@ import warnings
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
 from torch import Tensor
 from torch.nn import functional as F
 
@@ -231,6 +230,8 @@ def logistic_regression_mean_field(
 
     init_prec = X64.square().sum(0) / 4.0 + lam64
     z0 = torch.cat([torch.zeros(d, dtype=torch.float64), -0.5 * init_prec.log().cpu()]).numpy()
+    from scipy.optimize import minimize  # an experiments dependency: `import ngvi` needs only torch, numpy
+
     result = minimize(
         objective,
         z0,

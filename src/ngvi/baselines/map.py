@@ -51,7 +51,14 @@ class MAP(torch.optim.Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         prior_prec: float = 1.0,
         eps: float = 1e-8,
+        mc_samples: int = 1,
     ):
+        if mc_samples != 1:
+            raise ValueError(
+                f"MAP is a point estimate: every sample is the same, so mc_samples must be 1, got "
+                f"{mc_samples!r}"
+            )
+        self.mc_samples = 1
         check.nonnegative("lr", lr)
         check.betas("betas", betas)
         check.positive("eps", eps)
@@ -69,7 +76,11 @@ class MAP(torch.optim.Adam):
         super().add_param_group(param_group)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_prior_defaults": self._prior_defaults}
+        return {
+            **super().__getstate__(),
+            "_prior_defaults": self._prior_defaults,
+            "mc_samples": self.mc_samples,
+        }
 
     def _weight_decay(self, group: dict[str, Any]) -> float:
         """λ/N: Adam adds weight_decay·θ to the gradient of the mean loss, i.e. the prior's (λ/N)θ."""

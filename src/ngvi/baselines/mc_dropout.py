@@ -34,6 +34,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .. import _validation as check
@@ -60,6 +61,8 @@ class MCDropout(MAP):
         data_size: N, the number of training examples (the closure returns a mean over a minibatch).
         lr, betas, eps: Adam's.
         prior_prec: λ of the prior N(0, I/λ) (Gal's l²).
+        mc_samples: dropout masks per ``step(closure)``: the closure runs that many times and Adam takes the
+            mean gradient (the MC estimate of the dropout objective's gradient with several masks).
 
     The parameter groups are split by the dropout rate of the layer's input, stored in each group as
     ``dropout``; ``weight_decay`` = λ(1 − dropout)/N (see the module docstring).
@@ -76,6 +79,7 @@ class MCDropout(MAP):
         betas: tuple[float, float] = (0.9, 0.999),
         prior_prec: float = 1.0,
         eps: float = 1e-8,
+        mc_samples: int = 1,
     ):
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch.nn.Module with dropout, got {type(model).__name__}")
@@ -94,9 +98,30 @@ class MCDropout(MAP):
             raise ValueError("model has no trainable parameters")
         param_groups = [{"params": ps, "dropout": rate} for rate, ps in groups.items()]
         super().__init__(param_groups, data_size, lr=lr, betas=betas, prior_prec=prior_prec, eps=eps)
+        self.mc_samples = check.positive_int("mc_samples", mc_samples)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_dropouts": self._dropouts}
+        return {**super().__getstate__(), "_dropouts": self._dropouts, "mc_samples": self.mc_samples}
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Adam's step; with ``mc_samples`` > 1 the closure runs once per mask and the gradients are averaged.
+        Returns the mean loss."""
+        if closure is None or self.mc_samples == 1:
+            return super().step(closure)
+        losses, sums = [], {}
+        for _ in range(self.mc_samples):
+            with torch.enable_grad():
+                result = closure()
+            losses.append((result[0] if isinstance(result, tuple | list) else result).detach())
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        sums[p] = p.grad.clone() if p not in sums else sums[p].add_(p.grad)
+        for p, total in sums.items():
+            p.grad = total.div_(self.mc_samples)
+        super().step()
+        return torch.stack(losses).mean()
 
     def _weight_decay(self, group: dict[str, Any]) -> float:
         return mc_dropout_weight_decay(group["prior_prec"], group["data_size"], group.get("dropout", 0.0))

@@ -57,6 +57,13 @@ def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
     for gi, (saved, group) in enumerate(zip(groups, opt.param_groups, strict=True)):
         _check_group(opt, gi, saved, group)
     shapes = extra.get("shapes")
+    if shapes is not None and (
+        not isinstance(shapes, list)
+        or [len(s) if isinstance(s, list) else -1 for s in shapes]
+        != [len(g["params"]) for g in opt.param_groups]
+        or not all(isinstance(x, list | tuple) for s in shapes for x in s)
+    ):
+        raise ValueError(f"{name}.load_state_dict: 'ngvi'/'shapes' does not list one shape per parameter")
     index: dict[Any, tuple[str, Tensor, dict[str, Any]]] = {}
     for gi, (saved, group) in enumerate(zip(groups, opt.param_groups, strict=True)):
         for j, (key, p) in enumerate(zip(saved["params"], group["params"], strict=True)):
@@ -67,6 +74,15 @@ def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
                     f"{tuple(shapes[gi][j])} in the state (a model of another size?)"
                 )
             index[key] = (where, p, group)
+    trainable = [k for k, (_, p, _) in index.items() if p.requires_grad]
+    if state and any(k not in state for k in trainable):
+        missing = [index[k][0] for k in trainable if k not in state]
+        raise ValueError(
+            f"{name}.load_state_dict: the state has entries for some parameters but not {missing}"
+        )
+    devices = {str(p.device) for k, (_, p, _) in index.items() if k in state}
+    if state and not devices <= set(extra["rng"]):
+        raise ValueError(f"{name}.load_state_dict: 'ngvi'/'rng' lacks the generator of device(s) {devices}")
     for key, entry in state.items():
         if key not in index:
             raise ValueError(f"{name}.load_state_dict: the state has an entry for unknown parameter {key!r}")
@@ -75,6 +91,8 @@ def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
 
 def _check_counters(name: str, extra: dict[str, Any]) -> None:
     for key in _COUNTERS:
+        if key not in extra and key != "num_draws":  # num_draws came later: older states lack it
+            raise ValueError(f"{name}.load_state_dict: the state's 'ngvi' entry lacks {key!r}")
         value = extra.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name}.load_state_dict: 'ngvi'/{key!r} must be an int >= 0, got {value!r}")
@@ -94,6 +112,8 @@ def _check_group(opt: Any, gi: int, saved: Any, group: dict[str, Any]) -> None:
     name = type(opt).__name__
     if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
         raise ValueError(f"{name}.load_state_dict: param_groups[{gi}] must be a dict with a 'params' list")
+    if not all(isinstance(k, int) and not isinstance(k, bool) for k in saved["params"]):
+        raise ValueError(f"{name}.load_state_dict: param_groups[{gi}]['params'] must list parameter indices")
     if len(saved["params"]) != len(group["params"]):
         raise ValueError(
             f"{name}.load_state_dict: param_groups[{gi}] has {len(saved['params'])} parameters in the state, "
@@ -102,7 +122,8 @@ def _check_group(opt: Any, gi: int, saved: Any, group: dict[str, Any]) -> None:
     missing = sorted(k for k in group if k != "params" and k not in saved)
     if missing:
         raise ValueError(
-            f"{name}.load_state_dict: param_groups[{gi}] lacks {missing} (saved by another class?)"
+            f"{name}.load_state_dict: param_groups[{gi}] lacks {missing}: it was saved by another optimizer "
+            f"class than {name}"
         )
     merged = {**group, **saved, "params": group["params"]}
     try:
@@ -121,7 +142,11 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
     expected: dict[str, Any] = {}
     with torch.no_grad():
         opt._init_state(group, p, expected)
-    missing = sorted(set(expected) - set(entry)) + ([] if "step" in entry else ["step"])
+    optional_shapes = getattr(opt, "_optional_state_shapes", lambda p: {"momentum_buffer": p.shape})(p)
+    required = set(expected) | {"step"}
+    if expected and group.get("momentum", 0) and isinstance(entry.get("step"), int) and entry["step"] > 0:
+        required.add("momentum_buffer")  # heavy-ball state exists from the first step on
+    missing = sorted(required - set(entry))
     unknown = sorted(set(entry) - set(expected) - OPTIONAL_STATE - {"step"})
     if missing or unknown:
         raise ValueError(
@@ -145,10 +170,11 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
             continue
         if not isinstance(value, Tensor) or not value.is_floating_point():
             raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} must be a floating tensor")
-        if isinstance(want, Tensor) and value.shape != want.shape:
+        shape = want.shape if isinstance(want, Tensor) else optional_shapes.get(key)
+        if shape is not None and value.shape != shape:
             raise ValueError(
                 f"{name}.load_state_dict: state {key!r} of {where} has shape {tuple(value.shape)}, expected "
-                f"{tuple(want.shape)} (a model of another size?)"
+                f"{tuple(shape)} (a model of another size?)"
             )
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} holds NaN or Inf values")

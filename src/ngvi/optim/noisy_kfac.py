@@ -185,6 +185,10 @@ class NoisyKFAC(VariationalOptimizer):
         state["factor_updates"] = 0
         state.update(self._inverses(group, state["factor_A"], state["factor_S"]))
 
+    def _optional_state_shapes(self, p: Tensor) -> dict[str, tuple[int, ...]]:
+        """The heavy-ball buffer of a layer is one [G, rows, cols] block, kept with its first parameter."""
+        return {"momentum_buffer": self._block_dims(self._layer_of[p])}
+
     def _inverses(self, group: dict[str, Any], a: Tensor, s: Tensor) -> dict[str, Tensor]:
         """Sampling roots (damping γ_in) and update inverses (damping γ) of both factors, eq. (13)."""
         gamma_in = self.intrinsic_damping(group)

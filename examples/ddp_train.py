@@ -8,13 +8,17 @@ Each rank trains on its own shard of a toy regression set. With the default ``ra
 rank draws the same weights θ ~ q and DDP averages the gradients, so R ranks × batch B take exactly the steps
 of one process with batch R·B. With ``--independent`` each rank draws its own θ (an extra MC sample per rank);
 the model is then not wrapped in DDP and the optimizer averages gradients and curvature itself.
-Rank 0 writes the checkpoint; any number of ranks can resume from it. See ``ngvi.distributed``.
+Rank 0 writes the checkpoint (default ``runs/ddp/ckpt.pt``); any number of ranks can resume from it. Run with
+plain ``python`` it trains as a single process. See ``ngvi.distributed``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,9 +33,20 @@ def main() -> None:
     parser.add_argument("--independent", action="store_true", help="rank_noise='independent' (no DDP)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32, help="per-rank batch size")
-    parser.add_argument("--checkpoint", default="ddp_ckpt.pt", help="written by rank 0 at the end")
+    parser.add_argument("--checkpoint", default="runs/ddp/ckpt.pt", help="written by rank 0 at the end")
     parser.add_argument("--resume", default=None, help="a checkpoint to continue from")
     args = parser.parse_args()
+    if "RANK" not in os.environ:  # plain `python`: one process instead of torchrun's environment
+        print(
+            "not launched by torchrun: training as 1 process (torchrun --nproc_per_node=2 ... for 2)",
+            file=sys.stderr,
+        )
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
 
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     backend = dist.get_default_backend_for_device(accelerator) if accelerator is not None else "gloo"
@@ -82,6 +97,7 @@ def main() -> None:
     # every rank holds the same posterior; rank 0 writes it
     std = torch.cat([v.sqrt().flatten() for v in opt.posterior().variance])
     if rank == 0:
+        Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": start + args.steps},
                    args.checkpoint)  # fmt: skip
         print(f"posterior std: median {std.median().item():.4f}; wrote {args.checkpoint}")

@@ -305,7 +305,7 @@ def test_hyperparameters_are_validated(kwargs, name):
 
 
 def test_unsupported_layers_are_named():
-    with pytest.raises(ValueError, match=r"emb \(Embedding"):
+    with pytest.raises(ValueError, match=r"'emb' \(nn.Embedding"):
         ngvi.NoisyKFAC(nn.ModuleDict({"emb": nn.Embedding(5, 3), "lin": nn.Linear(3, 2)}), 10)
 
 

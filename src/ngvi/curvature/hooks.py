@@ -103,7 +103,7 @@ def find_layers(model: nn.Module) -> list[HookedLayer]:
         kind = kind_of(module)
         if kind is None or any(n not in ("weight", "bias") for n, _ in direct):
             names = ", ".join(n for n, _ in direct)
-            unsupported.append(f"{label} ({type(module).__name__}: {names})")
+            unsupported.append(f"'{label}' (nn.{type(module).__name__}: {names})")
             continue
         for n, p in direct:
             if id(p) in owners:

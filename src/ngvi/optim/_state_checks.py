@@ -80,8 +80,8 @@ def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
         raise ValueError(
             f"{name}.load_state_dict: the state has entries for some parameters but not {missing}"
         )
-    devices = {str(p.device) for k, (_, p, _) in index.items() if k in state}
-    if state and not devices <= set(extra["rng"]):
+    devices = {str(p.device) for _, p, _ in index.values() if p.requires_grad}
+    if extra.get("num_draws", 0) and not devices <= set(extra["rng"]):  # it has drawn on every device
         raise ValueError(f"{name}.load_state_dict: 'ngvi'/'rng' lacks the generator of device(s) {devices}")
     for key, entry in state.items():
         if key not in index:

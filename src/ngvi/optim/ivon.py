@@ -1,4 +1,4 @@
-r"""IVON: the improved variational online-Newton rule (Shen et al. 2024, Alg. 1), (notation: docs/NOTATION.md).
+r"""IVON: the improved variational online-Newton rule (Shen et al. 2024, Alg. 1); notation: docs/NOTATION.md.
 
 .. math::
     \theta &\sim \mathcal N(m,\ \sigma^2),\quad \sigma^2 = 1/[N(h+\delta)] \\

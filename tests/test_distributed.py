@@ -25,16 +25,19 @@ RESUME_AT = 3
 N = 100
 
 
-class LocalCurvature(ngvi.Vadam):
-    """Vadam with VOGN's curvature: the mean over the *local* batch of per-example squared gradients,
-    which the closure leaves in ``self.per_example_sq``. A rank sees only its shard, so the engine must
-    average it over ranks (``local_statistics``)."""
+class LocalSquares(ngvi.curvature.estimators.CurvatureEstimator):
+    """VOGN's curvature for Vadam: the mean over the *local* batch of per-example squared gradients, which
+    the closure leaves in ``per_example_sq``. A rank sees only its shard, so the engine must average it over
+    ranks (``local``)."""
 
-    local_statistics = ("curv",)
+    name = "grad2"
+    local = True
 
-    def _curvature(self, group, grads, noise, states):
-        params = [p for p in self._trainable(group) if p.grad is not None]
-        return ngvi.optim.base.TensorList(self.per_example_sq[p].clone() for p in params)
+    def __init__(self):
+        self.per_example_sq: dict = {}
+
+    def estimate(self, sample):
+        return ngvi.optim.base.TensorList(self.per_example_sq[p].clone() for p in sample.params)
 
 
 def make_model() -> nn.Module:
@@ -60,7 +63,7 @@ def make_opt(kind: str, model: nn.Module, **kw):
         return ngvi.VOGN(model, N, lr=0.05, beta=0.1, init_prec=40.0, **kw)
     if kind == "noisy_kfac":  # Kronecker factors from hooks, rank-local; inverses every 2 steps
         return ngvi.NoisyKFAC(model, N, lr=0.05, beta=0.1, damping=1e-2, inv_every=2, **kw)
-    return LocalCurvature(params, N, lr=0.05, init_prec=40.0, **kw)
+    return ngvi.Vadam(params, N, lr=0.05, init_prec=40.0, curvature=LocalSquares(), **kw)
 
 
 def loss_fn(out, y):
@@ -87,7 +90,7 @@ def train(kind, model, opt, x, y, steps, ddp_model=None):
         def closure():
             opt.zero_grad()
             if kind == "local":
-                opt.per_example_sq = per_example_sq(model, x, y)
+                opt.curvature_estimator.per_example_sq = per_example_sq(model, x, y)
             loss = loss_fn(net(x), y)
             loss.backward()
             return loss

@@ -20,7 +20,7 @@ import torch
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.estimators import Price
+from ..curvature.estimators import CurvatureEstimator, estimator_for
 from .base import VariationalOptimizer
 
 
@@ -34,6 +34,7 @@ class IVON(VariationalOptimizer):
     """
 
     elementwise = True
+    curvatures = ("price",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class IVON(VariationalOptimizer):
         clip_radius: float = math.inf,
         *,
         prior_prec: float | None = None,
+        curvature: str | CurvatureEstimator = "price",
         **engine_kwargs: Any,
     ):
         if prior_prec is not None:  # δ = λ/N
@@ -62,7 +64,13 @@ class IVON(VariationalOptimizer):
             hess_init=hess_init,
             clip_radius=clip_radius,
         )
-        super().__init__(params, defaults, mc_samples=mc_samples, curvature=Price(), **engine_kwargs)
+        super().__init__(
+            params,
+            defaults,
+            mc_samples=mc_samples,
+            curvature=estimator_for(curvature, self.curvatures),
+            **engine_kwargs,
+        )
 
     def _check_group(self, group):
         check.data_size(group["data_size"])

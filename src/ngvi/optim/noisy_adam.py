@@ -22,7 +22,7 @@ import torch
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.estimators import GradientSquares
+from ..curvature.estimators import CurvatureEstimator, estimator_for
 from .base import VariationalOptimizer
 
 
@@ -36,6 +36,7 @@ class NoisyAdam(VariationalOptimizer):
     """
 
     elementwise = True
+    curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class NoisyAdam(VariationalOptimizer):
         mc_samples: int = 1,
         *,
         prior_prec: float | None = None,
+        curvature: str | CurvatureEstimator = "grad2",
         **engine_kwargs: Any,
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
@@ -56,7 +58,11 @@ class NoisyAdam(VariationalOptimizer):
             data_size=data_size, lr=lr, betas=betas, prior_var=prior_var, kl_weight=kl_weight, damping=damping
         )
         super().__init__(
-            params, defaults, mc_samples=mc_samples, curvature=GradientSquares(), **engine_kwargs
+            params,
+            defaults,
+            mc_samples=mc_samples,
+            curvature=estimator_for(curvature, self.curvatures),
+            **engine_kwargs,
         )
 
     def _check_group(self, group):

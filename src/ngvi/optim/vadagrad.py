@@ -17,7 +17,7 @@ import torch
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.estimators import GradientSquares
+from ..curvature.estimators import CurvatureEstimator, estimator_for
 from .base import VariationalOptimizer
 
 
@@ -31,6 +31,7 @@ class VadaGrad(VariationalOptimizer):
     """
 
     elementwise = True
+    curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
         self,
@@ -42,6 +43,7 @@ class VadaGrad(VariationalOptimizer):
         *,
         data_size: int | None = None,
         prior_prec: float = 0.0,
+        curvature: str | CurvatureEstimator = "grad2",
         **engine_kwargs: Any,
     ):
         if prior_prec != 0:
@@ -52,7 +54,11 @@ class VadaGrad(VariationalOptimizer):
         self.data_size = None if data_size is None else check.data_size(data_size)  # not used by the rule
         defaults = dict(lr=lr, beta=beta, init_prec=init_prec)
         super().__init__(
-            params, defaults, mc_samples=mc_samples, curvature=GradientSquares(), **engine_kwargs
+            params,
+            defaults,
+            mc_samples=mc_samples,
+            curvature=estimator_for(curvature, self.curvatures),
+            **engine_kwargs,
         )
 
     def _check_group(self, group):

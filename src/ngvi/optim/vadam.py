@@ -19,7 +19,7 @@ import torch
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.estimators import GradientSquares
+from ..curvature.estimators import CurvatureEstimator, estimator_for
 from .base import VariationalOptimizer, initial_curvature
 
 
@@ -35,6 +35,7 @@ class Vadam(VariationalOptimizer):
     """
 
     elementwise = True
+    curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
         self,
@@ -45,11 +46,17 @@ class Vadam(VariationalOptimizer):
         prior_prec: float = 1.0,
         init_prec: float | None = None,
         mc_samples: int = 1,
+        *,
+        curvature: str | CurvatureEstimator = "grad2",
         **engine_kwargs: Any,
     ):
         defaults = dict(data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=init_prec)
         super().__init__(
-            params, defaults, mc_samples=mc_samples, curvature=GradientSquares(), **engine_kwargs
+            params,
+            defaults,
+            mc_samples=mc_samples,
+            curvature=estimator_for(curvature, self.curvatures),
+            **engine_kwargs,
         )
 
     def _check_group(self, group):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .._tensorlist import TensorList
+from . import _functional as F
 from . import _validation as check
 from .base import VariationalOptimizer
 
@@ -56,20 +57,30 @@ class BAdam(VariationalOptimizer):
 
     def _precision(self, group, states):
         beta2 = group["betas"][1]
-        v_hat = TensorList(
-            st["exp_avg_sq"] / (1 - beta2 ** st["step"]) if st["step"] else st["exp_avg_sq"] for st in states
+        out = F.laplace_precision(  # eager: a per-tensor branch on the step count
+            [st["exp_avg_sq"] for st in states],
+            bias2=[1 - beta2 ** st["step"] if st["step"] else None for st in states],
+            eps=group["eps"],
+            data_size=float(group["data_size"]),
+            prior_prec=group["prior_prec"],
         )
-        return v_hat.sqrt_().add_(group["eps"]).mul_(float(group["data_size"])).add_(group["prior_prec"])
+        return TensorList(out)
 
     def _update(self, group, means, grads, curvs, states):
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        beta1, beta2 = group["betas"]
         prior_tilde = group["prior_prec"] / group["data_size"]
-        g = grads + means * prior_tilde if prior_tilde else grads
-        m = TensorList(st["exp_avg"] for st in states)
-        v = TensorList(st["exp_avg_sq"] for st in states)
-        m.lerp_(g, 1 - beta1)
-        v.lerp_(g.square(), 1 - beta2)
-        bias1 = [1 - beta1 ** st["step"] for st in states]
-        bias2 = [1 - beta2 ** st["step"] for st in states]
-        denom = (v / bias2).sqrt_().add_(eps)
-        means.addcdiv_(m, denom, [-lr / b for b in bias1])
+        F.run_core(
+            F.badam_update_,
+            means,
+            grads,
+            [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            prior_tilde=prior_tilde if prior_tilde else None,  # λ = 0: g = ĝ
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            bias2=[1 - beta2 ** st["step"] for st in states],
+            compile=self.compile,
+        )

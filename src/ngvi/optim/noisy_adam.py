@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .._tensorlist import TensorList
+from . import _functional as F
 from . import _validation as check
 from .base import VariationalOptimizer
 
@@ -65,18 +66,32 @@ class NoisyAdam(VariationalOptimizer):
         state["fisher"] = torch.zeros_like(p)
 
     def _precision(self, group, states):
-        f = TensorList(st["fisher"] for st in states)
-        return (f + self.intrinsic_damping(group)).mul_(group["data_size"] / group["kl_weight"])
+        out = F.run_core(
+            F.shifted_precision,
+            [st["fisher"] for st in states],
+            shift=self.intrinsic_damping(group),
+            scale=group["data_size"] / group["kl_weight"],
+            compile=self.compile,
+        )
+        return TensorList(out)
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()
 
     def _update(self, group, means, grads, curvs, states):
-        lr, (beta1, beta2) = group["lr"], group["betas"]
-        gamma_in = self.intrinsic_damping(group)
-        m = TensorList(st["exp_avg"] for st in states)
-        f = TensorList(st["fisher"] for st in states)
-        m.lerp_((means * gamma_in).add_(grads), 1 - beta1)  # v = ĝ + γ_in μ
-        f.lerp_(curvs, 1 - beta2)
-        bias1 = [1 - beta1 ** st["step"] for st in states]
-        means.addcdiv_(m, f + (gamma_in + group["damping"]), [-lr / b for b in bias1])
+        beta1, beta2 = group["betas"]
+        F.run_core(
+            F.noisy_adam_update_,
+            means,
+            grads,
+            curvs,
+            [st["exp_avg"] for st in states],
+            [st["fisher"] for st in states],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            gamma_in=self.intrinsic_damping(group),
+            damping=group["damping"],
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            compile=self.compile,
+        )

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .._tensorlist import TensorList
+from . import _functional as F
 from . import _validation as check
 from .base import VariationalOptimizer
 
@@ -46,12 +47,19 @@ class VadaGrad(VariationalOptimizer):
         state["sum_sq"] = torch.full_like(p, float(group["init_prec"]))
 
     def _precision(self, group, states):
-        return TensorList(st["sum_sq"] for st in states).clone()
+        return TensorList(F.identity_precision([st["sum_sq"] for st in states]))
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()
 
     def _update(self, group, means, grads, curvs, states):
-        s = TensorList(st["sum_sq"] for st in states)
-        s.add_(curvs, alpha=group["beta"])
-        means.addcdiv_(grads, s.sqrt(), -group["lr"])
+        F.run_core(
+            F.vadagrad_update_,
+            means,
+            grads,
+            curvs,
+            [st["sum_sq"] for st in states],
+            lr=group["lr"],
+            beta=group["beta"],
+            compile=self.compile,
+        )

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .._tensorlist import TensorList
+from . import _functional as F
 from . import _validation as check
 from .base import VariationalOptimizer, initial_curvature
 
@@ -78,8 +79,14 @@ class VON(VariationalOptimizer):
         state["hess"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
-        s = TensorList(st["hess"] for st in states)
-        return (s + group["prior_prec"] / group["data_size"]).mul_(float(group["data_size"]))
+        out = F.run_core(
+            F.shifted_precision,
+            [st["hess"] for st in states],
+            shift=group["prior_prec"] / group["data_size"],
+            scale=float(group["data_size"]),
+            compile=self.compile,
+        )
+        return TensorList(out)
 
     def _curvature(self, group, grads, noise, states):
         if self.hessian == "price":
@@ -87,13 +94,17 @@ class VON(VariationalOptimizer):
         return hutchinson_diagonal(group, self._rademacher)
 
     def _update(self, group, means, grads, curvs, states):
-        beta = group["beta"]
-        prior_tilde = group["prior_prec"] / group["data_size"]
-        s = TensorList(st["hess"] for st in states)
-        riemann = (curvs - s).square_().div_(s + prior_tilde).mul_(0.5 * beta * beta)
-        s.lerp_(curvs, beta).add_(riemann)
-        step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
-        means.addcdiv_(step, s + prior_tilde, -group["lr"])
+        F.run_core(
+            F.von_update_,
+            means,
+            grads,
+            curvs,
+            [st["hess"] for st in states],
+            lr=group["lr"],
+            beta=group["beta"],
+            prior_tilde=group["prior_prec"] / group["data_size"],
+            compile=self.compile,
+        )
 
     def _rademacher(self, p: torch.Tensor) -> torch.Tensor:
         """z ∈ {−1, +1} shaped like p, from the optimizer's generator (after the sample's ε)."""

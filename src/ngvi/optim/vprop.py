@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._tensorlist import TensorList
+from . import _functional as F
 from . import _validation as check
 from .base import VariationalOptimizer, initial_curvature
 
@@ -45,15 +46,28 @@ class Vprop(VariationalOptimizer):
         state["exp_avg_sq"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
-        s = TensorList(st["exp_avg_sq"] for st in states)
-        return (s * float(group["data_size"])).add_(group["prior_prec"])
+        s = [st["exp_avg_sq"] for st in states]
+        out = F.run_core(
+            F.scaled_precision,
+            s,
+            scale=float(group["data_size"]),
+            shift=group["prior_prec"],
+            compile=self.compile,
+        )
+        return TensorList(out)
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()
 
     def _update(self, group, means, grads, curvs, states):
-        prior_tilde = group["prior_prec"] / group["data_size"]
-        s = TensorList(st["exp_avg_sq"] for st in states)
-        s.lerp_(curvs, 1 - group["beta"])  # s ← (1−β_paper)s + β_paper ĝ², β_paper = 1 − beta
-        step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
-        means.addcdiv_(step, s.sqrt().add_(prior_tilde), -group["lr"])
+        F.run_core(
+            F.vprop_update_,
+            means,
+            grads,
+            curvs,
+            [st["exp_avg_sq"] for st in states],
+            lr=group["lr"],
+            beta=group["beta"],  # the EMA decay: the paper's step β_t is 1 − beta
+            prior_tilde=group["prior_prec"] / group["data_size"],
+            compile=self.compile,
+        )

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._tensorlist import TensorList
+from ..optim import _functional as cores
 from ..optim import _validation as check
 from ..optim.base import VariationalOptimizer
 from ..posterior import DiagonalGaussian
@@ -154,7 +155,8 @@ class BBVI(VariationalOptimizer):
         return TensorList(torch._foreach_exp([st["log_std"] for st in states]))
 
     def _precision(self, group, states):
-        return self._std(states).square().reciprocal_()
+        log_std = [st["log_std"] for st in states]
+        return TensorList(cores.run_core(cores.exp_precision, log_std, compile=self.compile))
 
     def _standard_normal(self, p: Tensor) -> Tensor:
         if self._lrt_on and p in self._lrt_params:  # sampled through its layer's outputs: no weight noise
@@ -186,25 +188,23 @@ class BBVI(VariationalOptimizer):
         return TensorList(out)
 
     def _update(self, group, means, grads, curvs, states):
-        n, lam = float(group["data_size"]), group["prior_prec"]
-        log_std = TensorList(st["log_std"] for st in states)
-        grad_mean = grads + means * (lam / n)  # ∂/∂μ [f + KL/N]
-        grad_log_std = self._std(states).square().mul_(lam / n).add_(-1.0 / n).add_(curvs)  # ∂/∂log σ
-        steps = [st["step"] for st in states]
-        hyper = dict(lr=group["lr"], betas=group["betas"], eps=group["eps"], steps=steps)
-        _adam_(
+        beta1, beta2 = group["betas"]
+        cores.run_core(
+            cores.bbvi_update_,
             means,
-            grad_mean,
-            TensorList(st["exp_avg"] for st in states),
-            TensorList(st["exp_avg_sq"] for st in states),
-            **hyper,
-        )
-        _adam_(
-            log_std,
-            grad_log_std,
-            TensorList(st["log_std_exp_avg"] for st in states),
-            TensorList(st["log_std_exp_avg_sq"] for st in states),
-            **hyper,
+            [st["log_std"] for st in states],
+            grads,
+            curvs,  # ∂f/∂log σ
+            *([st[k] for st in states] for k in _ADAM_STATE),
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            prior_prec=group["prior_prec"],
+            data_size=float(group["data_size"]),
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            bias2=[1 - beta2 ** st["step"] for st in states],
+            compile=self.compile,
         )
 
     # ------------------------------------------------------------------------------------------------
@@ -313,20 +313,6 @@ def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return layers
 
 
-def _adam_(
-    x: TensorList,
-    grad: TensorList,
-    exp_avg: TensorList,
-    exp_avg_sq: TensorList,
-    *,
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    steps: list[int],
-) -> None:
-    """One Adam step in place: m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², x ← x − α m̂/(√v̂ + ε)."""
-    beta1, beta2 = betas
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-    denom = exp_avg_sq.sqrt().div_([(1 - beta2**t) ** 0.5 for t in steps]).add_(eps)
-    x.addcdiv_(exp_avg, denom, [-lr / (1 - beta1**t) for t in steps])
+# Adam's moments of μ and of log σ, in the order bbvi_update_ takes them (the Adam step itself is the shared
+# block ngvi.optim._functional.adam_moments_ / adam_step_, in torch.optim.Adam's rounding order)
+_ADAM_STATE = ("exp_avg", "exp_avg_sq", "log_std_exp_avg", "log_std_exp_avg_sq")

@@ -134,6 +134,21 @@ def _fresh_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
     return copy
 
 
+# Out-of-place TensorList arithmetic with a hyperparameter operand. Spelled as method calls because dynamo
+# does not dispatch ``tensor_list * tensor`` to TensorList.__mul__ (it tries the tensor's operator and fails);
+# eager, these are exactly the operators.
+def _mul(x: TensorList, c: Num | Nums) -> TensorList:
+    return x.__mul__(c)
+
+
+def _add(x: TensorList, c: Num | Nums) -> TensorList:
+    return x.__add__(c)
+
+
+def _div(x: TensorList, c: Num | Nums) -> TensorList:
+    return x.__truediv__(c)
+
+
 def _captured(x: Any) -> bool:
     """A captured hyperparameter: a tensor, or a list of them."""
     return isinstance(x, Tensor) or (isinstance(x, list | tuple) and len(x) > 0 and isinstance(x[0], Tensor))
@@ -158,9 +173,19 @@ def _addcmul_(x: TensorList, t1: TensorList, t2: TensorList, value: Num) -> None
 def _add_scaled_(x: TensorList, y: TensorList, alpha: Num) -> None:
     """x ← x + alpha·y."""
     if _captured(alpha):
-        x.add_(y * alpha)
+        x.add_(_mul(y, alpha))
     else:
         x.add_(y, alpha=alpha)
+
+
+def _add_into(out: Tensor, a: Tensor, b: Tensor | Num, alpha: Num | None = None) -> None:
+    """out ← a + b, or a + alpha·b, written into an existing buffer (eager: ``torch.add(..., out=out)``)."""
+    if _captured(alpha) or (alpha is None and _captured(b)):
+        out.copy_(a + (b if alpha is None else b * alpha))
+    elif alpha is None:
+        torch.add(a, b, out=out)
+    else:
+        torch.add(a, b, alpha=alpha, out=out)
 
 
 def _clamp_(x: TensorList, radius: Num) -> None:
@@ -219,7 +244,7 @@ def adam_step_(
     √(v/b₂) (Vadam, BADAM) or √v/√b₂ (``torch.optim.Adam``'s order, used by BBVI)."""
     x, m, v = TensorList(params), TensorList(exp_avg), TensorList(exp_avg_sq)
     if correct_inside_sqrt:
-        denom = (v / bias2).sqrt_().add_(eps)
+        denom = _div(v, bias2).sqrt_().add_(eps)
     else:
         denom = v.sqrt().div_([b**0.5 for b in bias2]).add_(eps)
     _addcdiv_(x, m, denom, [-lr / b for b in bias1])
@@ -245,7 +270,7 @@ def riemannian_ema_(
     h, h_hat = TensorList(hess), TensorList(hess_hat)
     if coef is None:
         coef = 0.5 * beta * beta
-    riemann = (h_hat - h).square_().div_(h + damping).mul_(coef)
+    riemann = (h_hat - h).square_().div_(_add(h, damping)).mul_(coef)
     h.lerp_(h_hat, beta).add_(riemann)
 
 
@@ -278,7 +303,7 @@ def vadam_update_(
     ``prior_tilde`` = λ/N."""
     mu = TensorList(means)
     adam_moments_(
-        exp_avg, exp_avg_sq, (mu * prior_tilde).add_(TensorList(grads)), curvs, beta1=beta1, beta2=beta2
+        exp_avg, exp_avg_sq, _mul(mu, prior_tilde).add_(TensorList(grads)), curvs, beta1=beta1, beta2=beta2
     )
     adam_step_(means, exp_avg, exp_avg_sq, lr=lr, bias1=bias1, bias2=bias2, eps=prior_tilde)
 
@@ -301,7 +326,7 @@ def vprop_update_(
         \mu \leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu)/(\sqrt s + \tilde\lambda)"""
     mu, s = TensorList(means), TensorList(exp_avg_sq)
     s.lerp_(TensorList(curvs), 1 - beta)
-    step = (mu * prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
+    step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
     _addcdiv_(mu, step, s.sqrt().add_(prior_tilde), -lr)
 
 
@@ -317,8 +342,8 @@ def von_update_(
     with the new s in eq. 7 (the natural-gradient step uses the updated precision)."""
     mu, s = TensorList(means), TensorList(hess)
     riemannian_ema_(s, curvs, beta=beta, damping=prior_tilde)
-    step = (mu * prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
-    _addcdiv_(mu, step, s + prior_tilde, -lr)
+    step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
+    _addcdiv_(mu, step, _add(s, prior_tilde), -lr)
 
 
 def ivon_update_(
@@ -346,7 +371,7 @@ def ivon_update_(
     m, g_bar, h = TensorList(means), TensorList(momentum), TensorList(hess)
     g_bar.lerp_(TensorList(grads), 1 - beta1)
     riemannian_ema_(h, curvs, beta=1 - beta2, damping=weight_decay, coef=0.5 * (1 - beta2) ** 2)
-    step = (g_bar / bias1).add_(m * weight_decay).div_(h + weight_decay)
+    step = _div(g_bar, bias1).add_(_mul(m, weight_decay)).div_(_add(h, weight_decay))
     if clip_radius is not None:
         _clamp_(step, clip_radius)
     _add_scaled_(m, step, -lr)
@@ -375,8 +400,9 @@ def noisy_adam_update_(
 
     ``curvs`` = ĝ², ``damping`` = γ_ex, ``bias1`` = 1−β₁ᵏ per tensor."""
     mu = TensorList(means)
-    adam_moments_(exp_avg, fisher, (mu * gamma_in).add_(TensorList(grads)), curvs, beta1=beta1, beta2=beta2)
-    _addcdiv_(mu, TensorList(exp_avg), TensorList(fisher) + (gamma_in + damping), [-lr / b for b in bias1])
+    v = _mul(mu, gamma_in).add_(TensorList(grads))  # ĝ + γ_in μ
+    adam_moments_(exp_avg, fisher, v, curvs, beta1=beta1, beta2=beta2)
+    _addcdiv_(mu, TensorList(exp_avg), _add(TensorList(fisher), gamma_in + damping), [-lr / b for b in bias1])
 
 
 def badam_update_(
@@ -403,7 +429,7 @@ def badam_update_(
     ``prior_tilde=None`` for λ = 0 (then g = ĝ, with no extra pass)."""
     g = TensorList(grads)
     if prior_tilde is not None:
-        g = g + TensorList(means) * prior_tilde
+        g = g + _mul(TensorList(means), prior_tilde)
     adam_moments_(exp_avg, exp_avg_sq, g, g.square(), beta1=beta1, beta2=beta2)
     adam_step_(means, exp_avg, exp_avg_sq, lr=lr, bias1=bias1, bias2=bias2, eps=eps)
 
@@ -442,17 +468,16 @@ def vogn_update_(
     buffer per tensor, reused every step (fresh temporaries cost page faults on CPU); ``curvs`` is consumed:
     it holds s_{t+1} + λ̃ afterwards."""
     mu, s, h_hat, step = TensorList(means), TensorList(hess), TensorList(curvs), TensorList(scratch)
-    captured = _captured(prior_tilde)
     if momentum_buffer is not None:
         buffers = TensorList(momentum_buffer)
         for out, s_t in zip(step, s, strict=True):
-            out.copy_(s_t + prior_tilde) if captured else torch.add(s_t, prior_tilde, out=out)  # s_t + λ̃
+            _add_into(out, s_t, prior_tilde)  # s_t + λ̃
         buffers.mul_(step).mul_(momentum)
     for out, g, m in zip(step, grads, mu, strict=True):
-        out.copy_(g + m * prior_tilde) if captured else torch.add(g, m, alpha=prior_tilde, out=out)  # ĝ + λ̃μ
+        _add_into(out, g, m, alpha=prior_tilde)  # ĝ + λ̃μ
     s.lerp_(h_hat, beta)  # (10)
     for out, s_t in zip(h_hat, s, strict=True):
-        out.copy_(s_t + prior_tilde) if captured else torch.add(s_t, prior_tilde, out=out)  # s_{t+1} + λ̃
+        _add_into(out, s_t, prior_tilde)  # s_{t+1} + λ̃
     if momentum_buffer is None:
         _addcdiv_(mu, step, h_hat, -lr)  # (7)
         return
@@ -489,7 +514,7 @@ def bbvi_update_(
     each followed by one ``torch.optim.Adam`` step (:func:`adam_moments_` with ``sq_grads=None`` and
     :func:`adam_step_` with ``correct_inside_sqrt=False``: torch's rounding order). ``curvs`` = ∂f/∂log σ."""
     mu, rho = TensorList(means), TensorList(log_std)
-    grad_mean = TensorList(grads) + mu * (prior_prec / data_size)  # ∂/∂μ [f + KL/N]
+    grad_mean = TensorList(grads) + _mul(mu, prior_prec / data_size)  # ∂/∂μ [f + KL/N]
     std = TensorList(torch._foreach_exp(rho.tensors))
     grad_log_std = std.square().mul_(prior_prec / data_size).add_(-1.0 / data_size).add_(TensorList(curvs))
     for x, g, m, v in (
@@ -536,12 +561,12 @@ def kfac_natural_step(
 # ------------------------------------------------------------------------------------------------------------
 def scaled_precision(state: Tensors, *, scale: Num, shift: Num) -> list[Tensor]:
     """scale·s + shift, e.g. Vadam and Vprop: N·s + λ (the multiplication first: their rounding)."""
-    return (TensorList(state) * scale).add_(shift).tensors
+    return _mul(TensorList(state), scale).add_(shift).tensors
 
 
 def shifted_precision(state: Tensors, *, shift: Num, scale: Num) -> list[Tensor]:
     """(s + shift)·scale, e.g. VON: N(s + λ̃), IVON: N(h + δ), noisy Adam: (N/λ)(f + γ_in)."""
-    return (TensorList(state) + shift).mul_(scale).tensors
+    return _add(TensorList(state), shift).mul_(scale).tensors
 
 
 def identity_precision(state: Tensors) -> list[Tensor]:

@@ -142,7 +142,18 @@ def _mul(x: TensorList, c: Num | Nums) -> TensorList:
 
 
 def _add(x: TensorList, c: Num | Nums) -> TensorList:
-    return x.__add__(c)
+    return x.__add__(_each(x, c))
+
+
+def _add_(x: TensorList, c: Num | Nums) -> TensorList:
+    return x.add_(_each(x, c))
+
+
+def _each(x: TensorList, c: Num | Nums) -> Num | Nums:
+    """A captured scalar as one entry per tensor. Inductor (torch 2.13, CPU) compiles the value of the 0-dim
+    tensor given to ``_foreach_add(list, Tensor)`` into the kernel as a constant, so a later call with another
+    value silently reuses the old one (also via the on-disk FX graph cache); the List overload reads it."""
+    return [c] * len(x) if isinstance(c, Tensor) else c
 
 
 def _div(x: TensorList, c: Num | Nums) -> TensorList:
@@ -244,9 +255,9 @@ def adam_step_(
     √(v/b₂) (Vadam, BADAM) or √v/√b₂ (``torch.optim.Adam``'s order, used by BBVI)."""
     x, m, v = TensorList(params), TensorList(exp_avg), TensorList(exp_avg_sq)
     if correct_inside_sqrt:
-        denom = _div(v, bias2).sqrt_().add_(eps)
+        denom = _add_(_div(v, bias2).sqrt_(), eps)
     else:
-        denom = v.sqrt().div_([b**0.5 for b in bias2]).add_(eps)
+        denom = _add_(v.sqrt().div_([b**0.5 for b in bias2]), eps)
     _addcdiv_(x, m, denom, [-lr / b for b in bias1])
 
 
@@ -327,7 +338,7 @@ def vprop_update_(
     mu, s = TensorList(means), TensorList(exp_avg_sq)
     s.lerp_(TensorList(curvs), 1 - beta)
     step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
-    _addcdiv_(mu, step, s.sqrt().add_(prior_tilde), -lr)
+    _addcdiv_(mu, step, _add_(s.sqrt(), prior_tilde), -lr)
 
 
 def von_update_(
@@ -516,7 +527,7 @@ def bbvi_update_(
     mu, rho = TensorList(means), TensorList(log_std)
     grad_mean = TensorList(grads) + _mul(mu, prior_prec / data_size)  # ∂/∂μ [f + KL/N]
     std = TensorList(torch._foreach_exp(rho.tensors))
-    grad_log_std = std.square().mul_(prior_prec / data_size).add_(-1.0 / data_size).add_(TensorList(curvs))
+    grad_log_std = _add_(std.square().mul_(prior_prec / data_size), -1.0 / data_size).add_(TensorList(curvs))
     for x, g, m, v in (
         (mu, grad_mean, exp_avg, exp_avg_sq),
         (rho, grad_log_std, log_std_exp_avg, log_std_exp_avg_sq),
@@ -561,7 +572,7 @@ def kfac_natural_step(
 # ------------------------------------------------------------------------------------------------------------
 def scaled_precision(state: Tensors, *, scale: Num, shift: Num) -> list[Tensor]:
     """scale·s + shift, e.g. Vadam and Vprop: N·s + λ (the multiplication first: their rounding)."""
-    return _mul(TensorList(state), scale).add_(shift).tensors
+    return _add_(_mul(TensorList(state), scale), shift).tensors
 
 
 def shifted_precision(state: Tensors, *, shift: Num, scale: Num) -> list[Tensor]:

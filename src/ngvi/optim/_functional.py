@@ -600,7 +600,7 @@ def laplace_precision(
 
 
 def diagonal_sigma(
-    precision: Callable[..., list[Tensor]], *lists: Tensors, keep_sqrt: bool = False, **hyper: Any
+    *lists: Tensors, precision: Callable[..., list[Tensor]], keep_sqrt: bool = False, **hyper: Any
 ) -> tuple[list[Tensor] | None, list[Tensor]]:
     r"""σ = 1/√precision of a diagonal posterior, from a precision core and its arguments, as the engine's
     weight draw computes it (``precision(...)`` → ``sqrt_`` → ``reciprocal``), so the eager call is bitwise

@@ -1,4 +1,4 @@
-"""The functional cores (:mod:`ngvi.optim._functional`) as a library: shared blocks, compiled calls, layout.
+"""The functional cores (:mod:`ngvi.optim.functional`) as a library: shared blocks, compiled calls, layout.
 
 The maths of each core is checked against the papers in ``test_transcription.py``; here: the shared blocks
 keep the rounding of the code they replaced (bitwise), compiled cores read every hyperparameter afresh at
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import ngvi
-from ngvi.optim import _functional as F
+from ngvi.optim import functional as F
+from ngvi.optim.functional import _capture
 from ngvi.posterior import join_block, split_block
 
 SHAPES = [(4, 3), (3,)]
@@ -144,10 +145,10 @@ def test_compiled_functions_are_cached_per_structure_with_own_code():
     s = rand(0, positive=True)
     hyper = dict(scale=3.0, shift=1.0, compile=True)
     F.run_core(F.scaled_precision, s, **hyper)
-    before = {k: fn for k, fn in F._COMPILED.items() if k[0] is F.scaled_precision}
+    before = {k: fn for k, fn in _capture._COMPILED.items() if k[0] is F.scaled_precision}
     F.run_core(F.scaled_precision, s, **{**hyper, "scale": 5.0})  # same structure: reused
     F.run_core(F.scaled_precision, s[:1], **hyper)  # another structure: its own function
-    after = {k: fn for k, fn in F._COMPILED.items() if k[0] is F.scaled_precision}
+    after = {k: fn for k, fn in _capture._COMPILED.items() if k[0] is F.scaled_precision}
     assert len(after) == len(before) + 1
     codes = {id(fn._torchdynamo_orig_callable.__code__) for fn in after.values()}
     assert len(codes) == len(after)  # dynamo's cache (and its limit) is per code object

@@ -1,6 +1,6 @@
 """Each rule equals a plain line-by-line transcription of its paper's equations, at two levels.
 
-**The cores** (:mod:`ngvi.optim._functional`): each rule's update and precision core, called directly on
+**The cores** (:mod:`ngvi.optim.functional`): each rule's update and precision core, called directly on
 random float64 tensors (two parameter tensors with *different* step counts, so the per-tensor bias corrections
 are exercised), equals the equations written out with ordinary per-tensor arithmetic.
 
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import ngvi
-from ngvi.optim import _functional as F
+from ngvi.optim import functional as F
 
 N = 40  # data_size
 STEPS = 3

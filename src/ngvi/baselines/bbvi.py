@@ -51,8 +51,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._tensorlist import TensorList
-from ..optim import _functional as cores
 from ..optim import _validation as check
+from ..optim import functional as cores
 from ..optim.base import VariationalOptimizer
 from ..posterior import DiagonalGaussian
 
@@ -314,5 +314,5 @@ def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 
 # Adam's moments of μ and of log σ, in the order bbvi_update_ takes them (the Adam step itself is the shared
-# block ngvi.optim._functional.adam_moments_ / adam_step_, in torch.optim.Adam's rounding order)
+# block ngvi.optim.functional.adam_moments_ / adam_step_, in torch.optim.Adam's rounding order)
 _ADAM_STATE = ("exp_avg", "exp_avg_sq", "log_std_exp_avg", "log_std_exp_avg_sq")

@@ -47,8 +47,8 @@ from ..curvature.kfac import damped_inverses, pi_split
 from ..curvature.likelihoods import Likelihood
 from ..curvature.optimizer import LayerCurvatureMixin
 from ..posterior import KroneckerBlock, KroneckerGaussian, join_block, split_block
-from . import _functional as F
 from . import _validation as check
+from . import functional as F
 from .base import VariationalOptimizer
 
 

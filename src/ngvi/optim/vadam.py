@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from .._tensorlist import TensorList
-from . import _functional as F
 from . import _validation as check
+from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
 
 

@@ -44,8 +44,8 @@ from torch import nn
 from .._tensorlist import TensorList
 from ..curvature.likelihoods import Likelihood
 from ..curvature.optimizer import LayerCurvatureMixin
-from . import _functional as F
 from . import _validation as check
+from . import functional as F
 from .base import VariationalOptimizer
 from .von import VON
 

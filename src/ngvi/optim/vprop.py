@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._tensorlist import TensorList
-from . import _functional as F
 from . import _validation as check
+from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
 
 

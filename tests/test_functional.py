@@ -210,3 +210,38 @@ def test_kronecker_block_layout_round_trips(lead):
     assert all(
         torch.equal(a, b) for a, b in zip(split_block(block, shapes, groups, rows), tensors, strict=True)
     )
+
+
+@pytest.mark.parametrize("name", ["vadam", "vprop", "vadagrad", "von_price", "ivon", "noisy_adam", "badam"])
+def test_precision_core_gives_the_engines_sigma(name):
+    """``_precision_core`` + :func:`diagonal_sigma` is the draw's √precision and σ: bitwise eagerly (the
+    engine's ``_precision(...).sqrt_()`` then ``reciprocal()``), to rtol 1e-12 compiled."""
+    from conftest import DIAGONAL_OPTIMIZERS, make_mlp, regression_batch
+
+    model = make_mlp()
+    opt = DIAGONAL_OPTIMIZERS[name][0](model.parameters(), seed=0)
+    x, y = regression_batch()
+
+    def closure():
+        opt.zero_grad()
+        loss = (model(x) - y).square().mean()
+        loss.backward()
+        return loss
+
+    for _ in range(2):
+        opt.step(closure)
+    group = opt.param_groups[0]
+    states = [opt.state[p] for p in group["params"]]
+    sqrt_prec = opt._precision(group, states).sqrt_()
+    sigma = sqrt_prec.reciprocal()
+    core, lists, hyper = opt._precision_core(group, states)
+    for compile in (False, True):
+        got_sqrt, got_sigma = F.run_core(
+            F.diagonal_sigma, *lists, precision=core, keep_sqrt=True, compile=compile, **hyper
+        )
+        if compile:
+            torch.testing.assert_close([*got_sqrt, *got_sigma], [*sqrt_prec, *sigma], rtol=1e-12, atol=0)
+        else:
+            assert all(
+                torch.equal(a, b) for a, b in zip([*got_sqrt, *got_sigma], [*sqrt_prec, *sigma], strict=True)
+            )

@@ -155,8 +155,14 @@ class BBVI(VariationalOptimizer):
         return TensorList(torch._foreach_exp([st["log_std"] for st in states]))
 
     def _precision(self, group, states):
-        log_std = [st["log_std"] for st in states]
-        return TensorList(cores.run_core(cores.exp_precision, log_std, compile=self.compile))
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return cores.exp_precision, ([st["log_std"] for st in states],), {}
 
     def _standard_normal(self, p: Tensor) -> Tensor:
         if self._lrt_on and p in self._lrt_params:  # sampled through its layer's outputs: no weight noise

@@ -56,15 +56,23 @@ class BAdam(VariationalOptimizer):
         state["exp_avg_sq"] = torch.zeros_like(p)
 
     def _precision(self, group, states):
-        beta2 = group["betas"][1]
-        out = F.laplace_precision(  # eager: a per-tensor branch on the step count
-            [st["exp_avg_sq"] for st in states],
-            bias2=[1 - beta2 ** st["step"] if st["step"] else None for st in states],
-            eps=group["eps"],
-            data_size=float(group["data_size"]),
-            prior_prec=group["prior_prec"],
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
+            F.laplace_precision,
+            ([st["exp_avg_sq"] for st in states],),
+            dict(
+                bias2=[1 - group["betas"][1] ** st["step"] if st["step"] else 1.0 for st in states],
+                eps=group["eps"],
+                data_size=float(group["data_size"]),
+                prior_prec=group["prior_prec"],
+            ),
         )
-        return TensorList(out)
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]

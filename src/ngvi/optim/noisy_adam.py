@@ -66,14 +66,18 @@ class NoisyAdam(VariationalOptimizer):
         state["fisher"] = torch.zeros_like(p)
 
     def _precision(self, group, states):
-        out = F.run_core(
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
             F.shifted_precision,
-            [st["fisher"] for st in states],
-            shift=self.intrinsic_damping(group),
-            scale=group["data_size"] / group["kl_weight"],
-            compile=self.compile,
+            ([st["fisher"] for st in states],),
+            dict(shift=self.intrinsic_damping(group), scale=group["data_size"] / group["kl_weight"]),
         )
-        return TensorList(out)
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()

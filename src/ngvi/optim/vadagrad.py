@@ -47,7 +47,14 @@ class VadaGrad(VariationalOptimizer):
         state["sum_sq"] = torch.full_like(p, float(group["init_prec"]))
 
     def _precision(self, group, states):
-        return TensorList(F.identity_precision([st["sum_sq"] for st in states]))
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return F.identity_precision, ([st["sum_sq"] for st in states],), dict()
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()

@@ -59,15 +59,18 @@ class Vadam(VariationalOptimizer):
         state["exp_avg_sq"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
-        s = [st["exp_avg_sq"] for st in states]
-        out = F.run_core(
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
             F.scaled_precision,
-            s,
-            scale=float(group["data_size"]),
-            shift=group["prior_prec"],
-            compile=self.compile,
+            ([st["exp_avg_sq"] for st in states],),
+            dict(scale=float(group["data_size"]), shift=group["prior_prec"]),
         )
-        return TensorList(out)
 
     def _curvature(self, group, grads, noise, states):
         return grads.square()

@@ -79,14 +79,18 @@ class VON(VariationalOptimizer):
         state["hess"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
-        out = F.run_core(
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
             F.shifted_precision,
-            [st["hess"] for st in states],
-            shift=group["prior_prec"] / group["data_size"],
-            scale=float(group["data_size"]),
-            compile=self.compile,
+            ([st["hess"] for st in states],),
+            dict(shift=group["prior_prec"] / group["data_size"], scale=float(group["data_size"])),
         )
-        return TensorList(out)
 
     def _curvature(self, group, grads, noise, states):
         if self.hessian == "price":

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..._tensorlist import TensorList
-from ._capture import Num, Tensors, _add, _add_, _mul
+from ._capture import Num, Nums, Tensors, _add, _add_, _div, _mul
 
 
 def scaled_precision(state: Tensors, *, scale: Num, shift: Num) -> list[Tensor]:
@@ -33,12 +33,13 @@ def exp_precision(log_std: Tensors) -> list[Tensor]:
 
 
 def laplace_precision(
-    exp_avg_sq: Tensors, *, bias2: Sequence[float | None], eps: float, data_size: float, prior_prec: float
+    exp_avg_sq: Tensors, *, bias2: Nums, eps: Num, data_size: Num, prior_prec: Num
 ) -> list[Tensor]:
-    r"""BADAM eq. 12 plus the prior: N(√v̂ + ε) + λ with v̂ = v/(1−β₂ᵗ) (``bias2`` entry ``None``
-    at t = 0, where v = 0 and v̂ = v). Eager only (a per-tensor branch on the step)."""
-    v_hat = TensorList(v / b if b is not None else v.clone() for v, b in zip(exp_avg_sq, bias2, strict=True))
-    return v_hat.sqrt_().add_(eps).mul_(data_size).add_(prior_prec).tensors
+    r"""BADAM eq. 12 plus the prior: N(√v̂ + ε) + λ with v̂ = v/(1−β₂ᵗ), ``bias2`` = 1−β₂ᵗ per tensor (1 at
+    t = 0, where v = 0: v/1 is v exactly). Division is correctly rounded, so the foreach division is bitwise
+    the per-tensor one it replaced."""
+    v_hat = _div(TensorList(exp_avg_sq), bias2)
+    return _add_(_add_(v_hat.sqrt_(), eps).mul_(data_size), prior_prec).tensors
 
 
 def diagonal_sigma(

@@ -1,9 +1,15 @@
-"""Each rule, stepped on random float64 tensors with the sampling noise fixed, equals a plain line-by-line
-transcription of its paper's equations (written out below with ordinary tensor arithmetic).
+"""Each rule equals a plain line-by-line transcription of its paper's equations, at two levels.
 
-The noise is fixed by replaying the optimizer's generator: the engine documents that each sample draws
-ε ~ N(0, I) parameter by parameter (in group order) from ``torch.Generator().manual_seed(opt.seed)``, and
-that the Hutchinson estimator then draws its Rademacher z, parameter by parameter.
+**The cores** (:mod:`ngvi.optim.functional`): each rule's update and precision core, called directly on
+random float64 tensors (two parameter tensors with *different* step counts, so the per-tensor bias corrections
+are exercised), equals the equations written out with ordinary per-tensor arithmetic.
+
+**The rules, end to end**: each optimizer, stepped on a small problem with the sampling noise fixed, equals
+the same transcription including the weight draw. The noise is fixed by replaying the optimizer's generator:
+the engine documents that each sample draws ε ~ N(0, I) parameter by parameter (in group order) from
+``torch.Generator().manual_seed(opt.seed)``, and that the Hutchinson estimator then draws its Rademacher z,
+parameter by parameter.
+
 Tolerance: 1e-12 relative (float64 round-off; the library uses fused foreach kernels).
 """
 
@@ -15,6 +21,7 @@ import pytest
 import torch
 
 import ngvi
+from ngvi.optim import functional as F
 
 N = 40  # data_size
 STEPS = 3
@@ -76,6 +83,268 @@ def assert_close(lib, ref):
 
 def mc_mean(values_per_sample):
     return [sum(vs) / len(vs) for vs in zip(*values_per_sample, strict=True)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The cores, on random tensors
+# ------------------------------------------------------------------------------------------------------------
+SHAPES = [(4, 3), (3,)]
+T = [3, 7]  # per-tensor step counts
+
+
+def rand(seed: int, positive: bool = False) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = [torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES]
+    return [t.abs() + 0.1 for t in out] if positive else out
+
+
+def clones(ts):
+    return [t.clone() for t in ts]
+
+
+def test_vadam_core_is_eqs_89_93():
+    lr, b1, b2, lt = 0.05, 0.9, 0.99, 0.03
+    mu, g, u, s = rand(0), rand(1), rand(2), rand(3, positive=True)
+    g2 = [gi * gi + 0.1 for gi in g]  # an MC mean of squares need not be the square of the mean
+    mu_c, u_c, s_c = clones(mu), clones(u), clones(s)
+    F.vadam_update_(
+        mu_c,
+        g,
+        g2,
+        u_c,
+        s_c,
+        lr=lr,
+        beta1=b1,
+        beta2=b2,
+        prior_tilde=lt,
+        bias1=[1 - b1**t for t in T],
+        bias2=[1 - b2**t for t in T],
+    )
+    for i, t in enumerate(T):
+        u_new = b1 * u[i] + (1 - b1) * (g[i] + lt * mu[i])  # (89)
+        s_new = b2 * s[i] + (1 - b2) * g2[i]  # (90)
+        u_hat, s_hat = u_new / (1 - b1**t), s_new / (1 - b2**t)  # (91, 92)
+        mu_new = mu[i] - lr * u_hat / (torch.sqrt(s_hat) + lt)  # (93)
+        assert_close([mu_c[i], u_c[i], s_c[i]], [mu_new, u_new, s_new])
+
+
+def test_vprop_core_is_eq_14():
+    lr, step, lt = 0.05, 0.1, 0.03  # beta is the paper's step β_t
+    mu, g, s = rand(0), rand(1), rand(3, positive=True)
+    g2 = [gi * gi for gi in g]
+    mu_c, s_c = clones(mu), clones(s)
+    F.vprop_update_(mu_c, g, g2, s_c, lr=lr, beta=step, prior_tilde=lt)
+    for i in range(len(SHAPES)):
+        s_new = (1 - step) * s[i] + step * g2[i]
+        mu_new = mu[i] - lr * (g[i] + lt * mu[i]) / (torch.sqrt(s_new) + lt)
+        assert_close([mu_c[i], s_c[i]], [mu_new, s_new])
+
+
+def test_von_core_is_eqs_7_8_with_riemannian_correction():
+    lr, beta, lt = 0.05, 0.2, 0.03
+    mu, g, h_hat, s = rand(0), rand(1), rand(2), rand(3, positive=True)
+    h_hat[0][0, 0] = -50.0  # a very negative Price estimate: s + λ̃ must stay positive
+    mu_c, s_c = clones(mu), clones(s)
+    F.von_update_(mu_c, g, h_hat, s_c, lr=lr, beta=beta, prior_tilde=lt)
+    for i in range(len(SHAPES)):
+        s_new = (
+            (1 - beta) * s[i] + beta * h_hat[i] + 0.5 * beta**2 * (h_hat[i] - s[i]) ** 2 / (s[i] + lt)
+        )  # (8)
+        mu_new = mu[i] - lr * (g[i] + lt * mu[i]) / (s_new + lt)  # (7)
+        assert_close([mu_c[i], s_c[i]], [mu_new, s_new])
+        assert bool((s_c[i] + lt > 0).all())
+
+
+@pytest.mark.parametrize("clip", [None, 0.3])
+def test_ivon_core_is_algorithm_1(clip):
+    lr, b1, b2, delta = 0.1, 0.9, 0.95, 0.05
+    m, g, h_hat, g_bar, h = rand(0), rand(1), rand(2), rand(3), rand(4, positive=True)
+    m_c, gb_c, h_c = clones(m), clones(g_bar), clones(h)
+    F.ivon_update_(
+        m_c,
+        g,
+        h_hat,
+        gb_c,
+        h_c,
+        lr=lr,
+        beta1=b1,
+        beta2=b2,
+        weight_decay=delta,
+        bias1=[1 - b1**t for t in T],
+        clip_radius=clip,
+    )
+    for i, t in enumerate(T):
+        gb_new = b1 * g_bar[i] + (1 - b1) * g[i]
+        h_new = (
+            b2 * h[i] + (1 - b2) * h_hat[i] + 0.5 * (1 - b2) ** 2 * (h[i] - h_hat[i]) ** 2 / (h[i] + delta)
+        )
+        step = (gb_new / (1 - b1**t) + delta * m[i]) / (h_new + delta)
+        if clip is not None:
+            step = torch.clamp(step, -clip, clip)
+        assert_close([m_c[i], gb_c[i], h_c[i]], [m[i] - lr * step, gb_new, h_new])
+
+
+def test_noisy_adam_core_is_nng_algorithm_1():
+    lr, b1, b2, gamma_in, gamma_ex = 0.05, 0.9, 0.99, 0.02, 1e-2
+    mu, g, m, f = rand(0), rand(1), rand(2), rand(3, positive=True)
+    g2 = [gi * gi for gi in g]
+    mu_c, m_c, f_c = clones(mu), clones(m), clones(f)
+    F.noisy_adam_update_(
+        mu_c,
+        g,
+        g2,
+        m_c,
+        f_c,
+        lr=lr,
+        beta1=b1,
+        beta2=b2,
+        gamma_in=gamma_in,
+        damping=gamma_ex,
+        bias1=[1 - b1**k for k in T],
+    )
+    for i, k in enumerate(T):
+        v = g[i] + gamma_in * mu[i]
+        m_new = b1 * m[i] + (1 - b1) * v
+        f_new = b2 * f[i] + (1 - b2) * g2[i]
+        mu_new = mu[i] - lr * (m_new / (1 - b1**k)) / (f_new + gamma_in + gamma_ex)
+        assert_close([mu_c[i], m_c[i], f_c[i]], [mu_new, m_new, f_new])
+
+
+@pytest.mark.parametrize("prior_tilde", [None, 0.05])
+def test_badam_core_is_adam_on_the_map_objective(prior_tilde):
+    lr, b1, b2, eps = 0.05, 0.9, 0.99, 1e-8
+    theta, g, m, v = rand(0), rand(1), rand(2), rand(3, positive=True)
+    th_c, m_c, v_c = clones(theta), clones(m), clones(v)
+    F.badam_update_(
+        th_c,
+        g,
+        m_c,
+        v_c,
+        lr=lr,
+        beta1=b1,
+        beta2=b2,
+        eps=eps,
+        prior_tilde=prior_tilde,
+        bias1=[1 - b1**t for t in T],
+        bias2=[1 - b2**t for t in T],
+    )
+    for i, t in enumerate(T):
+        gi = g[i] + (prior_tilde or 0.0) * theta[i]
+        m_new = b1 * m[i] + (1 - b1) * gi
+        v_new = b2 * v[i] + (1 - b2) * gi**2
+        th_new = theta[i] - lr * (m_new / (1 - b1**t)) / (torch.sqrt(v_new / (1 - b2**t)) + eps)
+        assert_close([th_c[i], m_c[i], v_c[i]], [th_new, m_new, v_new])
+
+
+def test_vadagrad_core_is_eq_96():
+    lr, beta = 0.05, 0.3
+    mu, g, s = rand(0), rand(1), rand(3, positive=True)
+    mu_c, s_c = clones(mu), clones(s)
+    F.vadagrad_update_(mu_c, g, [gi * gi for gi in g], s_c, lr=lr, beta=beta)
+    for i in range(len(SHAPES)):
+        s_new = s[i] + beta * g[i] ** 2
+        assert_close([mu_c[i], s_c[i]], [mu[i] - lr * g[i] / torch.sqrt(s_new), s_new])
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_vogn_core_is_eqs_7_10_and_natural_momentum_eq_82(momentum):
+    lr, beta, lt = 0.05, 0.2, 0.03
+    mu, g, s, prev = rand(0), rand(1), rand(3, positive=True), rand(4)
+    h_hat = [gi * gi for gi in rand(2)]
+    buf = [m - p for m, p in zip(mu, prev, strict=True)]  # μ_t − μ_{t−1}
+    mu_c, s_c, buf_c, h_c = clones(mu), clones(s), clones(buf), clones(h_hat)
+    scratch = [torch.empty_like(t) for t in mu]
+    F.vogn_update_(
+        mu_c,
+        g,
+        h_c,
+        s_c,
+        scratch,
+        buf_c if momentum else None,
+        lr=lr,
+        beta=beta,
+        momentum=momentum,
+        prior_tilde=lt,
+    )
+    for i in range(len(SHAPES)):
+        s_new = (1 - beta) * s[i] + beta * h_hat[i]  # (10)
+        mu_new = mu[i] - lr * (g[i] + lt * mu[i]) / (s_new + lt)  # (7)
+        mu_new = mu_new + momentum * (s[i] + lt) / (s_new + lt) * buf[i]  # (82)
+        assert_close([mu_c[i], s_c[i]], [mu_new, s_new])
+        if momentum:
+            assert_close([buf_c[i]], [mu_new - mu[i]])  # the buffer now holds μ_{t+1} − μ_t
+
+
+def test_bbvi_core_is_adam_on_the_negative_elbo():
+    lr, b1, b2, eps, lam, n = 0.01, 0.9, 0.999, 1e-8, 2.0, 40.0
+    mu, rho, g, c = rand(0), [0.1 * t - 1.0 for t in rand(1)], rand(2), rand(3)
+    states = [rand(4), rand(5, positive=True), rand(6), rand(7, positive=True)]
+    mu_c, rho_c, st_c = clones(mu), clones(rho), [clones(x) for x in states]
+    F.bbvi_update_(
+        mu_c,
+        rho_c,
+        g,
+        c,
+        *st_c,
+        lr=lr,
+        beta1=b1,
+        beta2=b2,
+        eps=eps,
+        prior_prec=lam,
+        data_size=n,
+        bias1=[1 - b1**t for t in T],
+        bias2=[1 - b2**t for t in T],
+    )
+
+    def adam(x, grad, m, v, t):
+        m = b1 * m + (1 - b1) * grad
+        v = b2 * v + (1 - b2) * grad**2
+        return x - lr * (m / (1 - b1**t)) / (torch.sqrt(v / (1 - b2**t)) + eps), m, v
+
+    for i, t in enumerate(T):
+        sigma2 = torch.exp(rho[i]) ** 2
+        mu_new, m1, v1 = adam(mu[i], g[i] + lam / n * mu[i], states[0][i], states[1][i], t)  # ∇_μ
+        rho_new, m2, v2 = adam(rho[i], c[i] + (lam * sigma2 - 1) / n, states[2][i], states[3][i], t)  # ∇_logσ
+        assert_close([mu_c[i], rho_c[i], *(x[i] for x in st_c)], [mu_new, rho_new, m1, v1, m2, v2])
+
+
+def test_precision_cores():
+    s, rho = rand(0, positive=True), rand(1)
+    n, lam, lt = 40.0, 2.0, 0.05
+    assert_close(F.scaled_precision(s, scale=n, shift=lam), [n * si + lam for si in s])  # Vadam, Vprop
+    assert_close(F.shifted_precision(s, shift=lt, scale=n), [n * (si + lt) for si in s])  # VON, IVON
+    assert_close(F.identity_precision(s), s)  # VadaGrad
+    assert_close(F.exp_precision(rho), [1 / torch.exp(r) ** 2 for r in rho])  # BBVI
+    b2, eps = 0.99, 1e-8
+    got = F.laplace_precision(s, bias2=[1 - b2**t for t in T], eps=eps, data_size=n, prior_prec=lam)
+    expected = [n * (torch.sqrt(si / (1 - b2**t)) + eps) + lam for si, t in zip(s, T, strict=True)]
+    assert_close(got, expected)  # BADAM eq. 12 plus the prior
+    _, sigma = F.diagonal_sigma(s, precision=F.scaled_precision, scale=n, shift=lam)
+    assert_close(sigma, [1 / torch.sqrt(n * si + lam) for si in s])
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_kfac_cores_are_nng_eq_12_and_algorithm_2(momentum):
+    gen = torch.Generator().manual_seed(0)
+    groups, rows, cols, gamma_in, w = 2, 3, 4, 0.02, 0.3
+
+    def spd(k):
+        x = torch.randn(groups, k, k, generator=gen, dtype=torch.float64)
+        return x @ x.mT + torch.eye(k, dtype=torch.float64)
+
+    a, s, a_hat, s_hat = spd(cols), spd(rows), spd(cols), spd(rows)
+    a_new, s_new = F.kfac_factor_ema(a, s, a_hat, s_hat, w)
+    assert_close([a_new, s_new], [(1 - w) * a + w * a_hat, (1 - w) * s + w * s_hat])  # (12)
+    g, m, buf = (torch.randn(groups, rows, cols, generator=gen, dtype=torch.float64) for _ in range(3))
+    a_inv, s_inv = torch.linalg.inv(spd(cols)), torch.linalg.inv(spd(rows))
+    step = F.kfac_natural_step(g.clone(), m, a_inv, s_inv, gamma_in=gamma_in, momentum=momentum, buffer=buf)
+    expected = s_inv @ (g + gamma_in * m) @ a_inv  # [S^γ]⁻¹ V [A^γ]⁻¹
+    assert_close([step], [momentum * buf + expected if momentum else expected])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The rules, end to end (noise replayed from the optimizer's generator)
+# ------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mc", [1, 2])

@@ -126,6 +126,23 @@ class DiagonalGaussian(GaussianPosterior):
         return f"DiagonalGaussian({len(self.mean)} tensors, {self.numel()} weights)"
 
 
+def join_block(tensors: Sequence[Tensor], groups: int, rows: int, lead: tuple[int, ...] = ()) -> Tensor:
+    """The Kronecker block layout: parameter tensors → one [*lead, G, rows, cols] block.
+
+    Each tensor (optionally with leading dims ``lead``) is reshaped to [*lead, G, rows, −1] and the pieces are
+    concatenated along the last dim: for a layer, the weight's columns and then the bias column. Shared by
+    :class:`KroneckerGaussian` and :class:`ngvi.NoisyKFAC`."""
+    return torch.cat([t.reshape(*lead, groups, rows, -1) for t in tensors], dim=-1)
+
+
+def split_block(block: Tensor, shapes: Sequence[torch.Size], groups: int, rows: int) -> list[Tensor]:
+    """The inverse of :func:`join_block`: a [*lead, G, rows, cols] block → tensors of ``shapes``, each with
+    the block's leading dims."""
+    lead = block.shape[:-3]
+    sizes = [math.prod(shape) // (groups * rows) for shape in shapes]
+    return [p.reshape(*lead, *shape) for p, shape in zip(block.split(sizes, dim=-1), shapes, strict=True)]
+
+
 @dataclass(frozen=True)
 class KroneckerBlock:
     r"""Parameters that share one matrix-variate Gaussian (e.g. the weight and bias of one layer).
@@ -198,14 +215,11 @@ class KroneckerGaussian(GaussianPosterior):
     # -- layout: parameter tensors <-> [*, G, r, c] blocks -------------------------------------------------
     def _join(self, b: KroneckerBlock, tensors: Sequence[Tensor], lead: tuple[int, ...]) -> Tensor:
         g, r = b.row_cov.shape[:2]
-        return torch.cat([t.reshape(*lead, g, r, -1) for t in tensors], dim=-1)
+        return join_block(tensors, g, r, lead)
 
     def _split(self, b: KroneckerBlock, block: Tensor) -> list[Tensor]:
-        lead = block.shape[:-3]
         g, r = b.row_cov.shape[:2]
-        sizes = [self.mean[i].numel() // (g * r) for i in b.params]
-        parts = block.split(sizes, dim=-1)
-        return [p.reshape(*lead, *self.mean[i].shape) for i, p in zip(b.params, parts, strict=True)]
+        return split_block(block, [self.mean[i].shape for i in b.params], g, r)
 
     def _logdet(self, k: int) -> Tensor:
         lu, lv = self._chol[k]

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from .. import _validation as check
 from .._tensorlist import TensorList
+from ..optim import functional as cores
 from ..optim.base import VariationalOptimizer
 from ..posterior import DiagonalGaussian
 from ._local_reparam import LocalReparameterisation, LogStdGradient
@@ -147,7 +148,14 @@ class BBVI(VariationalOptimizer):
         return TensorList(torch._foreach_exp([st["log_std"] for st in states]))
 
     def _precision(self, group, states):
-        return self._std(states).square().reciprocal_()
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return cores.exp_precision, ([st["log_std"] for st in states],), {}
 
     def unsampled(self, p: Tensor, train: bool) -> bool:
         return train and p in self.local_trick.params  # sampled through its layer's outputs: no weight noise
@@ -157,25 +165,23 @@ class BBVI(VariationalOptimizer):
         params.addcmul_(noise, self._std(states))
 
     def _update(self, group, means, grads, curvs, states):
-        n, lam = float(group["data_size"]), group["prior_prec"]
-        log_std = TensorList(st["log_std"] for st in states)
-        grad_mean = grads + means * (lam / n)  # ∂/∂μ [f + KL/N]
-        grad_log_std = self._std(states).square().mul_(lam / n).add_(-1.0 / n).add_(curvs)  # ∂/∂log σ
-        steps = [st["step"] for st in states]
-        hyper = dict(lr=group["lr"], betas=group["betas"], eps=group["eps"], steps=steps)
-        _adam_(
+        beta1, beta2 = group["betas"]
+        cores.run_core(
+            cores.bbvi_update_,
             means,
-            grad_mean,
-            TensorList(st["exp_avg"] for st in states),
-            TensorList(st["exp_avg_sq"] for st in states),
-            **hyper,
-        )
-        _adam_(
-            log_std,
-            grad_log_std,
-            TensorList(st["log_std_exp_avg"] for st in states),
-            TensorList(st["log_std_exp_avg_sq"] for st in states),
-            **hyper,
+            [st["log_std"] for st in states],
+            grads,
+            curvs,  # ∂f/∂log σ
+            *([st[k] for st in states] for k in _ADAM_STATE),
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            prior_prec=group["prior_prec"],
+            data_size=float(group["data_size"]),
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            bias2=[1 - beta2 ** st["step"] for st in states],
+            compile=self.compile,
         )
 
     # ------------------------------------------------------------------------------------------------
@@ -217,20 +223,6 @@ def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return layers
 
 
-def _adam_(
-    x: TensorList,
-    grad: TensorList,
-    exp_avg: TensorList,
-    exp_avg_sq: TensorList,
-    *,
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    steps: list[int],
-) -> None:
-    """One Adam step in place: m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², x ← x − α m̂/(√v̂ + ε)."""
-    beta1, beta2 = betas
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-    denom = exp_avg_sq.sqrt().div_([(1 - beta2**t) ** 0.5 for t in steps]).add_(eps)
-    x.addcdiv_(exp_avg, denom, [-lr / (1 - beta1**t) for t in steps])
+# Adam's moments of μ and of log σ, in the order bbvi_update_ takes them (the Adam step itself is the shared
+# block ngvi.optim.functional.adam_moments_ / adam_step_, in torch.optim.Adam's rounding order)
+_ADAM_STATE = ("exp_avg", "exp_avg_sq", "log_std_exp_avg", "log_std_exp_avg_sq")

@@ -20,6 +20,7 @@ import torch
 
 from .. import _validation as check
 from .._tensorlist import TensorList
+from . import functional as F
 from .base import VariationalOptimizer
 
 
@@ -61,21 +62,39 @@ class BAdam(VariationalOptimizer):
         state["exp_avg_sq"] = torch.zeros_like(p)
 
     def _precision(self, group, states):
-        beta2 = group["betas"][1]
-        v_hat = TensorList(
-            st["exp_avg_sq"] / (1 - beta2 ** st["step"]) if st["step"] else st["exp_avg_sq"] for st in states
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
+            F.laplace_precision,
+            ([st["exp_avg_sq"] for st in states],),
+            dict(
+                bias2=[1 - group["betas"][1] ** st["step"] if st["step"] else 1.0 for st in states],
+                eps=group["eps"],
+                data_size=float(group["data_size"]),
+                prior_prec=group["prior_prec"],
+            ),
         )
-        return v_hat.sqrt_().add_(group["eps"]).mul_(float(group["data_size"])).add_(group["prior_prec"])
 
     def _update(self, group, means, grads, curvs, states):
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        beta1, beta2 = group["betas"]
         prior_tilde = group["prior_prec"] / group["data_size"]
-        g = grads + means * prior_tilde if prior_tilde else grads
-        m = TensorList(st["exp_avg"] for st in states)
-        v = TensorList(st["exp_avg_sq"] for st in states)
-        m.lerp_(g, 1 - beta1)
-        v.lerp_(g.square(), 1 - beta2)
-        bias1 = [1 - beta1 ** st["step"] for st in states]
-        bias2 = [1 - beta2 ** st["step"] for st in states]
-        denom = (v / bias2).sqrt_().add_(eps)
-        means.addcdiv_(m, denom, [-lr / b for b in bias1])
+        F.run_core(
+            F.badam_update_,
+            means,
+            grads,
+            [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            prior_tilde=prior_tilde if prior_tilde else None,  # λ = 0: g = ĝ
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            bias2=[1 - beta2 ** st["step"] for st in states],
+            compile=self.compile,
+        )

@@ -197,7 +197,12 @@ class VariationalOptimizer(Optimizer):
             raise RuntimeError(
                 "cannot copy or pickle the optimizer inside sampled_params(); do it between steps"
             )
-        skip = {*self.transient, "accumulator"}
+        skip = {
+            *self.transient,
+            "accumulator",
+            "step",
+            "_opt_called",
+        }  # LR schedulers patch step on the instance
         out = {k: v for k, v in self.__dict__.items() if k not in skip and not k.startswith("_optimizer_")}
         return {**out, **super().__getstate__()}
 

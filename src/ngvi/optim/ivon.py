@@ -21,6 +21,7 @@ import torch
 from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
+from . import functional as F
 from .base import VariationalOptimizer
 
 
@@ -85,17 +86,33 @@ class IVON(VariationalOptimizer):
         state["hess"] = torch.full_like(p, float(group["hess_init"]))
 
     def _precision(self, group, states):
-        h = TensorList(st["hess"] for st in states)
-        return (h + group["weight_decay"]).mul_(float(group["data_size"]))
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
+            F.shifted_precision,
+            ([st["hess"] for st in states],),
+            dict(shift=group["weight_decay"], scale=float(group["data_size"])),
+        )
 
     def _update(self, group, means, grads, curvs, states):
-        lr, (beta1, beta2), delta = group["lr"], group["betas"], group["weight_decay"]
-        g_bar = TensorList(st["momentum"] for st in states)
-        h = TensorList(st["hess"] for st in states)
-        g_bar.lerp_(grads, 1 - beta1)
-        riemann = (h - curvs).square_().div_(h + delta).mul_(0.5 * (1 - beta2) ** 2)
-        h.lerp_(curvs, 1 - beta2).add_(riemann)
-        step = (g_bar / [1 - beta1 ** st["step"] for st in states]).add_(means * delta).div_(h + delta)
-        if math.isfinite(group["clip_radius"]):
-            step.clamp_(-group["clip_radius"], group["clip_radius"])
-        means.add_(step, alpha=-lr)
+        beta1, beta2 = group["betas"]
+        F.run_core(
+            F.ivon_update_,
+            means,
+            grads,
+            curvs,
+            [st["momentum"] for st in states],
+            [st["hess"] for st in states],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            clip_radius=group["clip_radius"] if math.isfinite(group["clip_radius"]) else None,
+            compile=self.compile,
+        )

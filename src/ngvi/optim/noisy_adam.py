@@ -23,6 +23,7 @@ import torch
 from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
+from . import functional as F
 from .base import VariationalOptimizer
 
 
@@ -83,15 +84,33 @@ class NoisyAdam(VariationalOptimizer):
         state["fisher"] = torch.zeros_like(p)
 
     def _precision(self, group, states):
-        f = TensorList(st["fisher"] for st in states)
-        return (f + self.intrinsic_damping(group)).mul_(group["data_size"] / group["kl_weight"])
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
+            F.shifted_precision,
+            ([st["fisher"] for st in states],),
+            dict(shift=self.intrinsic_damping(group), scale=group["data_size"] / group["kl_weight"]),
+        )
 
     def _update(self, group, means, grads, curvs, states):
-        lr, (beta1, beta2) = group["lr"], group["betas"]
-        gamma_in = self.intrinsic_damping(group)
-        m = TensorList(st["exp_avg"] for st in states)
-        f = TensorList(st["fisher"] for st in states)
-        m.lerp_((means * gamma_in).add_(grads), 1 - beta1)  # v = ĝ + γ_in μ
-        f.lerp_(curvs, 1 - beta2)
-        bias1 = [1 - beta1 ** st["step"] for st in states]
-        means.addcdiv_(m, f + (gamma_in + group["damping"]), [-lr / b for b in bias1])
+        beta1, beta2 = group["betas"]
+        F.run_core(
+            F.noisy_adam_update_,
+            means,
+            grads,
+            curvs,
+            [st["exp_avg"] for st in states],
+            [st["fisher"] for st in states],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            gamma_in=self.intrinsic_damping(group),
+            damping=group["damping"],
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            compile=self.compile,
+        )

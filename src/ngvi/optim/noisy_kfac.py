@@ -48,7 +48,8 @@ from ..curvature.hooks import CurvatureHooks
 from ..curvature.kfac import damped_inverses, pi_split
 from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
-from ..posterior import KroneckerBlock, KroneckerGaussian
+from ..posterior import KroneckerBlock, KroneckerGaussian, join_block, split_block
+from . import functional as F
 from .base import VariationalOptimizer
 
 
@@ -148,13 +149,11 @@ class NoisyKFAC(VariationalOptimizer):
 
     def _join(self, index: int, tensors: list[Tensor]) -> Tensor:
         groups, rows, _ = self._block_dims(index)
-        return torch.cat([t.reshape(groups, rows, -1) for t in tensors], dim=-1)
+        return join_block(tensors, groups, rows)
 
     def _split(self, index: int, block: Tensor) -> list[Tensor]:
-        params = self._hooks.layers[index].params
         groups, rows, _ = self._block_dims(index)
-        sizes = [p.numel() // (groups * rows) for p in params]  # d for the weight, 1 for the bias
-        return [part.reshape(p.shape) for part, p in zip(block.split(sizes, dim=-1), params, strict=True)]
+        return split_block(block, [p.shape for p in self._hooks.layers[index].params], groups, rows)
 
     def _positions(self, params: list[Tensor]) -> list[tuple[int, list[int]]]:
         """(layer, indices of its parameters in ``params``) for the layers present in ``params``."""
@@ -232,18 +231,22 @@ class NoisyKFAC(VariationalOptimizer):
                 count = st["factor_updates"] + 1
                 weight = max(beta, 1.0 / count)
                 flat = curvs[ks[0]]
-                a = a.lerp(flat[: a.numel()].view_as(a), weight)  # (12)
-                s = s.lerp(flat[a.numel() :].view_as(s), weight)
+                a_hat, s_hat = flat[: a.numel()].view_as(a), flat[a.numel() :].view_as(s)
+                a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, weight)  # (12)
                 new.update(factor_A=a, factor_S=s, factor_updates=count)
             if invert:
                 new.update(self._inverses(group, a, s))  # (13)
             a_inv, s_inv = new.get("A_inv", st["A_inv"]), new.get("S_inv", st["S_inv"])
-            v = self._join(i, [grads[k] for k in ks])
-            v.add_(self._join(i, [means[k] for k in ks]), alpha=gamma_in)  # V = ĝ + γ_in M
-            step = s_inv @ v @ a_inv
+            step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹, plus heavy-ball momentum
+                self._join(i, [grads[k] for k in ks]),
+                self._join(i, [means[k] for k in ks]),
+                a_inv,
+                s_inv,
+                gamma_in=gamma_in,
+                momentum=momentum,
+                buffer=st.get("momentum_buffer"),
+            )
             if momentum:
-                buf = st.get("momentum_buffer")
-                step = step if buf is None else buf.mul(momentum).add_(step)
                 new["momentum_buffer"] = step
             pending.append((i, ks, st, new, step))
         for i, ks, st, new, step in pending:

@@ -18,6 +18,7 @@ import torch
 from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
+from . import functional as F
 from .base import VariationalOptimizer
 
 
@@ -70,9 +71,23 @@ class VadaGrad(VariationalOptimizer):
         state["sum_sq"] = torch.full_like(p, float(group["init_prec"]))
 
     def _precision(self, group, states):
-        return TensorList(st["sum_sq"] for st in states).clone()
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return F.identity_precision, ([st["sum_sq"] for st in states],), dict()
 
     def _update(self, group, means, grads, curvs, states):
-        s = TensorList(st["sum_sq"] for st in states)
-        s.add_(curvs, alpha=group["beta"])
-        means.addcdiv_(grads, s.sqrt(), -group["lr"])
+        F.run_core(
+            F.vadagrad_update_,
+            means,
+            grads,
+            curvs,
+            [st["sum_sq"] for st in states],
+            lr=group["lr"],
+            beta=group["beta"],
+            compile=self.compile,
+        )

@@ -20,6 +20,7 @@ import torch
 from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
+from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
 
 
@@ -68,17 +69,33 @@ class Vadam(VariationalOptimizer):
         state["exp_avg_sq"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
-        s = TensorList(st["exp_avg_sq"] for st in states)
-        return (s * float(group["data_size"])).add_(group["prior_prec"])
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
+            F.scaled_precision,
+            ([st["exp_avg_sq"] for st in states],),
+            dict(scale=float(group["data_size"]), shift=group["prior_prec"]),
+        )
 
     def _update(self, group, means, grads, curvs, states):
-        lr, (beta1, beta2) = group["lr"], group["betas"]
-        prior_tilde = group["prior_prec"] / group["data_size"]
-        u = TensorList(st["exp_avg"] for st in states)
-        s = TensorList(st["exp_avg_sq"] for st in states)
-        u.lerp_((means * prior_tilde).add_(grads), 1 - beta1)  # (89): ĝ + λ̃μ
-        s.lerp_(curvs, 1 - beta2)  # (90)
-        bias1 = [1 - beta1 ** st["step"] for st in states]
-        bias2 = [1 - beta2 ** st["step"] for st in states]
-        denom = (s / bias2).sqrt_().add_(prior_tilde)  # √ŝ + λ̃
-        means.addcdiv_(u, denom, [-lr / b for b in bias1])  # (93): μ ← μ − α (u/(1−γ₁ᵗ)) / denom
+        beta1, beta2 = group["betas"]
+        F.run_core(
+            F.vadam_update_,
+            means,
+            grads,
+            curvs,
+            [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            prior_tilde=group["prior_prec"] / group["data_size"],
+            bias1=[1 - beta1 ** st["step"] for st in states],
+            bias2=[1 - beta2 ** st["step"] for st in states],
+            compile=self.compile,
+        )

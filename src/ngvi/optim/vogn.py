@@ -43,9 +43,9 @@ import torch
 from torch import nn
 
 from .. import _validation as check
-from .._tensorlist import TensorList
 from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
+from . import functional as F
 from .von import VON
 
 
@@ -139,25 +139,21 @@ class VOGN(VON):
 
     def _update(self, group, means, grads, curvs, states):
         # ``curvs`` is the engine's temporary for this step; once s has absorbed it, it holds s + λ̃.
-        beta, momentum, lr = group["beta"], group["momentum"], group["lr"]
-        prior_tilde = group["prior_prec"] / group["data_size"]
-        s = TensorList(st["hess"] for st in states)
-        step = TensorList(self._scratch_for(self.accumulator.params(group)))
-        if momentum:
-            buffers = TensorList(self._momentum_buffer(st) for st in states)  # μ_t − μ_{t−1}
-            for out, s_t in zip(step, s, strict=True):
-                torch.add(s_t, prior_tilde, out=out)  # s_t + λ̃
-            buffers.mul_(step).mul_(momentum)
-        for out, g, m in zip(step, grads, means, strict=True):
-            torch.add(g, m, alpha=prior_tilde, out=out)  # ĝ + λ̃μ
-        s.lerp_(curvs, beta)  # (10)
-        for out, s_t in zip(curvs, s, strict=True):
-            torch.add(s_t, prior_tilde, out=out)  # s_{t+1} + λ̃
-        if not momentum:
-            means.addcdiv_(step, curvs, -lr)  # (7)
-            return
-        buffers.sub_(step, alpha=lr).div_(curvs)  # eq. 82, with μ_t − μ_{t−1} kept in the buffer
-        means.add_(buffers)
+        momentum = group["momentum"]
+        F.run_core(
+            F.vogn_update_,
+            means,
+            grads,
+            curvs,
+            [st["hess"] for st in states],
+            self._scratch_for(self.accumulator.params(group)),
+            [self._momentum_buffer(st) for st in states] if momentum else None,  # μ_t − μ_{t−1}
+            lr=group["lr"],
+            beta=group["beta"],
+            momentum=momentum,
+            prior_tilde=group["prior_prec"] / group["data_size"],
+            compile=self.compile,
+        )
 
     @staticmethod
     def _momentum_buffer(state: dict[str, Any]) -> torch.Tensor:

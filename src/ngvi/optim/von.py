@@ -28,6 +28,7 @@ from typing import Any
 from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
+from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
 
 
@@ -81,14 +82,28 @@ class VON(VariationalOptimizer):
         state["hess"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
-        s = TensorList(st["hess"] for st in states)
-        return (s + group["prior_prec"] / group["data_size"]).mul_(float(group["data_size"]))
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
+            F.shifted_precision,
+            ([st["hess"] for st in states],),
+            dict(shift=group["prior_prec"] / group["data_size"], scale=float(group["data_size"])),
+        )
 
     def _update(self, group, means, grads, curvs, states):
-        beta = group["beta"]
-        prior_tilde = group["prior_prec"] / group["data_size"]
-        s = TensorList(st["hess"] for st in states)
-        riemann = (curvs - s).square_().div_(s + prior_tilde).mul_(0.5 * beta * beta)
-        s.lerp_(curvs, beta).add_(riemann)
-        step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
-        means.addcdiv_(step, s + prior_tilde, -group["lr"])
+        F.run_core(
+            F.von_update_,
+            means,
+            grads,
+            curvs,
+            [st["hess"] for st in states],
+            lr=group["lr"],
+            beta=group["beta"],
+            prior_tilde=group["prior_prec"] / group["data_size"],
+            compile=self.compile,
+        )

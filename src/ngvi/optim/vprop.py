@@ -17,6 +17,7 @@ from typing import Any
 from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
+from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
 
 
@@ -62,12 +63,28 @@ class Vprop(VariationalOptimizer):
         state["exp_avg_sq"] = initial_curvature(group, p)
 
     def _precision(self, group, states):
-        s = TensorList(st["exp_avg_sq"] for st in states)
-        return (s * float(group["data_size"])).add_(group["prior_prec"])
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
+
+    def _precision_core(self, group, states):
+        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
+        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
+        precision=core, compile=self.compile, **hyper)``."""
+        return (
+            F.scaled_precision,
+            ([st["exp_avg_sq"] for st in states],),
+            dict(scale=float(group["data_size"]), shift=group["prior_prec"]),
+        )
 
     def _update(self, group, means, grads, curvs, states):
-        prior_tilde = group["prior_prec"] / group["data_size"]
-        s = TensorList(st["exp_avg_sq"] for st in states)
-        s.lerp_(curvs, group["beta"])  # s ← (1−β)s + βĝ²
-        step = (means * prior_tilde).add_(grads)  # ĝ + λ̃μ
-        means.addcdiv_(step, s.sqrt().add_(prior_tilde), -group["lr"])
+        F.run_core(
+            F.vprop_update_,
+            means,
+            grads,
+            curvs,
+            [st["exp_avg_sq"] for st in states],
+            lr=group["lr"],
+            beta=group["beta"],
+            prior_tilde=group["prior_prec"] / group["data_size"],
+            compile=self.compile,
+        )

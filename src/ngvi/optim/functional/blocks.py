@@ -1,0 +1,80 @@
+"""Blocks shared by several rules: Adam's moments and step, the Riemannian curvature EMA."""
+
+from __future__ import annotations
+
+from ..._tensorlist import TensorList
+from ._capture import Num, Nums, Tensors, _add, _add_, _addcdiv_, _addcmul_, _div
+
+
+def adam_moments_(
+    exp_avg: Tensors,
+    exp_avg_sq: Tensors,
+    grads: Tensors,
+    sq_grads: Tensors | None = None,
+    *,
+    beta1: Num,
+    beta2: Num,
+) -> None:
+    r"""Adam's two moments in place: :math:`m \leftarrow \beta_1 m + (1-\beta_1)g`,
+    :math:`v \leftarrow \beta_2 v + (1-\beta_2)\,g^2`.
+
+    ``sq_grads`` is what v averages: ĝ² of the MC samples (Vadam eq. 90, NNG Alg. 1's f) or g² of the
+    gradient itself (BADAM). With ``sq_grads=None`` v is updated as ``torch.optim.Adam`` does,
+    v·β₂ + (1−β₂)·g⊙g (mul, then addcmul: BBVI's sequence), which rounds differently from the lerp form."""
+    m, v, g = TensorList(exp_avg), TensorList(exp_avg_sq), TensorList(grads)
+    m.lerp_(g, 1 - beta1)
+    if sq_grads is not None:
+        v.lerp_(TensorList(sq_grads), 1 - beta2)
+    else:
+        v.mul_(beta2)
+        _addcmul_(v, g, g, 1 - beta2)
+
+
+def adam_step_(
+    params: Tensors,
+    exp_avg: Tensors,
+    exp_avg_sq: Tensors,
+    *,
+    lr: Num,
+    bias1: Nums,
+    bias2: Nums,
+    eps: Num,
+    correct_inside_sqrt: bool = True,
+) -> None:
+    r"""The bias-corrected Adam step in place:
+    :math:`x \leftarrow x - \alpha\,\hat m/(\sqrt{\hat v} + \epsilon)`
+    with :math:`\hat m = m/(1-\beta_1^t)`, :math:`\hat v = v/(1-\beta_2^t)`.
+
+    ``bias1``, ``bias2`` are 1−β₁ᵗ and 1−β₂ᵗ, one per tensor (steps may differ between parameters). ``eps`` is
+    Adam's ε, or λ̃ for Vadam (eq. 93: √ŝ + λ̃). ``correct_inside_sqrt`` picks the rounding order:
+    √(v/b₂) (Vadam, BADAM) or √v/√b₂ (``torch.optim.Adam``'s order, used by BBVI)."""
+    x, m, v = TensorList(params), TensorList(exp_avg), TensorList(exp_avg_sq)
+    if correct_inside_sqrt:
+        denom = _add_(_div(v, bias2).sqrt_(), eps)
+    else:
+        denom = _add_(v.sqrt().div_([b**0.5 for b in bias2]), eps)
+    _addcdiv_(x, m, denom, [-lr / b for b in bias1])
+
+
+def riemannian_ema_(
+    hess: Tensors,
+    hess_hat: Tensors,
+    *,
+    beta: Num,
+    damping: Num,
+    coef: Num | None = None,
+) -> None:
+    r"""The curvature EMA with the Riemannian-gradient correction (Lin, Schmidt & Khan 2020; IVON Alg. 1):
+
+    .. math::
+        h \leftarrow (1-\beta)\,h + \beta\,\hat h + \tfrac12\beta^2\,(\hat h - h)^2/(h + \delta)
+
+    with δ = ``damping`` (λ̃ for VON, the weight decay for IVON). The correction keeps h + δ > 0 for any ĥ.
+    ``coef`` is the factor ½β² as the caller computes it: VON passes nothing (0.5·β·β), IVON its own
+    0.5·(1−β₂)² (the same number, rounded its own way: kept so IVON's trajectory stays bitwise).
+    (ĥ − h)² is bitwise (h − ĥ)², so the operand order of the difference does not matter."""
+    h, h_hat = TensorList(hess), TensorList(hess_hat)
+    if coef is None:
+        coef = 0.5 * beta * beta
+    riemann = (h_hat - h).square_().div_(_add(h, damping)).mul_(coef)
+    h.lerp_(h_hat, beta).add_(riemann)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .._tensorlist import TensorList
+from . import functional as F
 
 
 @torch.no_grad()
@@ -71,13 +72,19 @@ def perturb_diagonal(
     ``torch.addcmul(μ, ε, σ, out=p)`` forms θ: the kernel and operand order of ``p.addcmul_(ε, σ)``, so the
     result is bitwise that of ``VariationalOptimizer._perturb``."""
     noise = opt.noise_source
-    for part in slices(params, opt._elementwise):
-        sqrt_prec = opt._precision(group, states[part]).sqrt_()
+    fused = opt.compile and hasattr(opt, "_precision_core")  # one compiled loop: precision → √ → 1/√
+    for part in slices(params, opt._elementwise and not opt.compile):
+        if fused:
+            core, lists, hyper = opt._precision_core(group, states[part])
+            sqrt_prec, sigma = F.run_core(
+                F.diagonal_sigma, *lists, precision=core, keep_sqrt=opt.needs_noise, compile=True, **hyper
+            )
+            sigma = TensorList(sigma)
+        else:
+            sqrt_prec = opt._precision(group, states[part]).sqrt_()
+            sigma = sqrt_prec.reciprocal() if opt.needs_noise else sqrt_prec.reciprocal_()
         if opt.needs_noise:  # the curvature reads ĝ⊙ε·√precision: keep √precision for this sample
             opt._sqrt_prec.update(zip(params[part], sqrt_prec, strict=True))
-            sigma = sqrt_prec.reciprocal()
-        else:
-            sigma = sqrt_prec.reciprocal_()
         if noise.keep:
             eps = TensorList(noise.draw(p, reuse) for p in params[part])
             TensorList(p.detach() for p in params[part]).addcmul_(eps, sigma)
@@ -89,7 +96,8 @@ def perturb_diagonal(
 
 def slices(params: list[Tensor], elementwise: bool) -> list[slice]:
     """Consecutive runs of ``params`` of at most a quarter of their elements (or one parameter) each, for
-    ``elementwise`` rules: their temporaries then never hold a full copy of the parameters."""
+    ``elementwise`` rules: their temporaries then never hold a full copy of the parameters. (Compiled
+    cores make no full-size temporaries, and each slice would be one more graph call: they take no slices.)"""
     if not elementwise or len(params) < 2:
         return [slice(0, len(params))]
     budget = -(-sum(p.numel() for p in params) // 4)

@@ -197,12 +197,7 @@ class VariationalOptimizer(Optimizer):
             raise RuntimeError(
                 "cannot copy or pickle the optimizer inside sampled_params(); do it between steps"
             )
-        skip = {
-            *self.transient,
-            "accumulator",
-            "step",
-            "_opt_called",
-        }  # LR schedulers patch step on the instance
+        skip = {*self.transient, "accumulator", "step", "_opt_called"}  # LR schedulers patch `step`
         out = {k: v for k, v in self.__dict__.items() if k not in skip and not k.startswith("_optimizer_")}
         return {**out, **super().__getstate__()}
 
@@ -329,7 +324,7 @@ class VariationalOptimizer(Optimizer):
                 states = [self.state[p] for p in s.params]
                 for state in states:
                     state["step"] += 1
-                for part in slices(s.params, self._elementwise):
+                for part in slices(s.params, self._elementwise and not self.compile):
                     means, grads = (
                         TensorList(t.detach() for t in ts[part]) for ts in (s.params, s.grads.tensors)
                     )

@@ -5,6 +5,10 @@ checked by ``tests/test_golden.py``: refactors must keep every trajectory **bitw
 is meant to alter a trajectory (a new random stream, a fixed bug) re-records the file in the same commit and
 says why in its message.
 
+The digests are taken in a child process with CPU-independent numerics (:data:`PINNED_ENV`: ATen's scalar
+kernels, MKL's reproducible mode, one thread, no oneDNN), so that they are the same on every x86 machine: with
+the default vectorised kernels the last bits of a float32 trajectory depend on the CPU's instruction set.
+
 Each case trains a small float32 model (Linear or Conv2d) with one configuration of one trainer for
 ``STEPS`` steps from fixed seeds, then hashes the bytes of the posterior means and variances (the parameters
 for trainers without a Gaussian posterior) and of the returned losses.
@@ -15,6 +19,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +35,28 @@ from ngvi.baselines import BBVI, MAP, MCDropout
 STEPS = 12
 N = 64  # data_size
 FILE = Path(__file__).with_name("trajectories.json")
+UCI_FILE = FILE.with_name("uci_yacht_split0.json")
+UCI_COMMAND = (
+    "uci --datasets yacht --methods vadam,bbvi,mc_dropout,vogn,noisy_kfac --splits 1 --tune none --jobs 1"
+)
+#: numerics that do not depend on the CPU model (read by ATen and MKL at start-up, hence a child process)
+PINNED_ENV = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_CBWR": "COMPATIBLE",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+def run_pinned(*args: str) -> str:
+    """Run this script with ``args`` in a child process with :data:`PINNED_ENV`; return its stdout."""
+    env = {**os.environ, **PINNED_ENV}
+    done = subprocess.run(
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=900
+    )
+    if done.returncode:
+        raise RuntimeError(f"golden run {args} failed:\n{done.stderr[-4000:]}")
+    return done.stdout
 
 
 def linear_model() -> nn.Module:
@@ -202,17 +231,43 @@ def case_id(name: str, kind: str, manual: bool) -> str:
     return f"{name}/{kind}" + ("/manual" if manual else "")
 
 
+def run_uci(out: str, data_dir: str) -> None:
+    """``ngvi {UCI_COMMAND}`` into ``out``."""
+    from ngvi.cli import main as cli
+
+    if cli([*UCI_COMMAND.split(), "--data-dir", data_dir, "--out", out]):
+        raise SystemExit("the golden UCI run failed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--record", action="store_true", help=f"write {FILE.name}")
+    parser.add_argument("--record", action="store_true", help="write the digests (and UCI with --data-dir)")
+    parser.add_argument("--uci", metavar="OUT", help=f"run `ngvi {UCI_COMMAND}` into OUT")
+    parser.add_argument("--data-dir", help="the benchmark data (for --uci and --record)")
     args = parser.parse_args()
+    if any(os.environ.get(k) != v for k, v in PINNED_ENV.items()):
+        print(run_pinned(*sys.argv[1:]), end="")
+        return
     torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False  # oneDNN picks kernels by instruction set
+    if args.uci:
+        run_uci(args.uci, args.data_dir)
+        return
     digests = {case_id(*c): run_case(*c) for c in all_cases()}
-    if args.record:
-        FILE.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {len(digests)} digests to {FILE}")
-    else:
+    if not args.record:
         print(json.dumps(digests, indent=1, sort_keys=True))
+        return
+    FILE.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(digests)} digests to {FILE}")
+    if args.data_dir:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as out:
+            run_uci(out, args.data_dir)
+            runs = json.loads((Path(out) / "results.json").read_text())["runs"]
+        got = {k: {m: v[m] for m in ("curve", "loglik", "rmse")} for k, v in runs.items()}
+        UCI_FILE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {UCI_FILE}")
 
 
 if __name__ == "__main__":

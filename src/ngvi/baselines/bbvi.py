@@ -86,6 +86,8 @@ class BBVI(VariationalOptimizer):
             shared with another module (tied weights); pass ``local_reparam=False`` there.
     """
 
+    curvatures = ("log_std_grad",)  # ∂f/∂log σ travels in the engine's ĥ slot (see LogStdGradient)
+
     def __init__(
         self,
         model: nn.Module,
@@ -147,14 +149,7 @@ class BBVI(VariationalOptimizer):
     def _std(states: list[dict[str, Any]]) -> TensorList:
         return TensorList(torch._foreach_exp([st["log_std"] for st in states]))
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return cores.exp_precision, ([st["log_std"] for st in states],), {}
 
     def unsampled(self, p: Tensor, train: bool) -> bool:
@@ -179,8 +174,8 @@ class BBVI(VariationalOptimizer):
             eps=group["eps"],
             prior_prec=group["prior_prec"],
             data_size=float(group["data_size"]),
-            bias1=[1 - beta1 ** st["step"] for st in states],
-            bias2=[1 - beta2 ** st["step"] for st in states],
+            bias1=cores.bias_corrections(beta1, states),
+            bias2=cores.bias_corrections(beta2, states),
             compile=self.compile,
         )
 

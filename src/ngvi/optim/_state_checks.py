@@ -32,6 +32,22 @@ def engine_state(opt: Any) -> dict[str, Any]:
     }
 
 
+def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
+    """``opt.load_state_dict``: validate, then load torch's part (``load_torch_state``) and the engine's."""
+    if opt._in_sample or opt.accumulator.count:
+        raise RuntimeError(
+            "load_state_dict() was called with a posterior sample pending; call it between steps"
+        )
+    state_dict = dict(state_dict)
+    extra = state_dict.pop("ngvi", None)
+    validate(opt, state_dict, extra)
+    load_torch_state(state_dict)
+    if extra is not None:
+        opt.skipped_steps = int(extra["skipped_steps"])
+        opt.num_steps = int(extra["num_steps"])
+        opt.noise_source.load_state_dict(extra, opt._all_trainable())
+
+
 def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
     """Raise ValueError if ``state_dict`` (with its ``"ngvi"`` entry ``extra``) cannot be used by ``opt``."""
     name = type(opt).__name__

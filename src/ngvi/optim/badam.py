@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from .. import _validation as check
-from .._tensorlist import TensorList
 from . import functional as F
 from .base import VariationalOptimizer
 
@@ -61,14 +60,7 @@ class BAdam(VariationalOptimizer):
         state["exp_avg"] = torch.zeros_like(p)
         state["exp_avg_sq"] = torch.zeros_like(p)
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return (
             F.laplace_precision,
             ([st["exp_avg_sq"] for st in states],),
@@ -94,7 +86,7 @@ class BAdam(VariationalOptimizer):
             beta2=beta2,
             eps=group["eps"],
             prior_tilde=prior_tilde if prior_tilde else None,  # λ = 0: g = ĝ
-            bias1=[1 - beta1 ** st["step"] for st in states],
-            bias2=[1 - beta2 ** st["step"] for st in states],
+            bias1=F.bias_corrections(beta1, states),
+            bias2=F.bias_corrections(beta2, states),
             compile=self.compile,
         )

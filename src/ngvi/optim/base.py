@@ -21,7 +21,7 @@ from torch.optim import Optimizer
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureEstimator
+from ..curvature.estimators import CurvatureEstimator, estimator_for
 from ..posterior import DiagonalGaussian
 from . import _state_checks
 from ._accumulator import SampleAccumulator
@@ -61,6 +61,8 @@ class VariationalOptimizer(Optimizer):
     _elementwise: bool = False
     #: the rule keeps the default ``_perturb``, so the fused path (:mod:`._perturbation`) may run it
     diagonal_perturb: bool = True
+    #: the curvature estimators the rule accepts through ``curvature=`` (:mod:`ngvi.curvature.estimators`)
+    curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
     #: attributes rebuilt by ``_init_transient`` (never pickled)
@@ -68,8 +70,13 @@ class VariationalOptimizer(Optimizer):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        owners = [next(c for c in cls.__mro__ if m in c.__dict__) for m in ("_precision", "_update")]
-        cls._elementwise = all(c.__dict__.get("elementwise", False) for c in owners)
+
+        def owner(*names: str) -> type:  # the class that defines the method (the default runs the core)
+            found = (c for c in cls.__mro__ for n in names if n in c.__dict__)
+            return next((c for c in found if c is not VariationalOptimizer), VariationalOptimizer)
+
+        rule = (owner("_precision", "_precision_core"), owner("_update"))
+        cls._elementwise = all(c.__dict__.get("elementwise", False) for c in rule)
         cls.diagonal_perturb = cls._perturb is VariationalOptimizer._perturb
 
     def __init__(
@@ -78,7 +85,7 @@ class VariationalOptimizer(Optimizer):
         defaults: dict[str, Any],
         *,
         mc_samples: int = 1,
-        curvature: CurvatureEstimator | None = None,
+        curvature: str | CurvatureEstimator | None = None,
         plugins: tuple[Any, ...] = (),
         seed: int | None = None,
         skip_nonfinite: bool = False,
@@ -90,8 +97,8 @@ class VariationalOptimizer(Optimizer):
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
         self.skip_nonfinite = check.boolean("skip_nonfinite", skip_nonfinite)
         self.compile = check.boolean("compile", compile)
-        self.curvature_estimator = curvature
-        self.plugins = (*([curvature] if curvature is not None else []), *plugins)
+        self.curvature_estimator = None if curvature is None else estimator_for(curvature, self.curvatures)
+        self.plugins = (*([self.curvature_estimator] if curvature is not None else []), *plugins)
         self.noise_source = NoiseSource.configured(
             seed, noise, noise_dtype, rank_noise, keep=self.needs_noise
         )
@@ -130,8 +137,11 @@ class VariationalOptimizer(Optimizer):
         raise NotImplementedError
 
     def _precision(self, group: dict[str, Any], states: list[dict[str, Any]]) -> TensorList:
-        """Posterior precision 1/σ² of each parameter in ``states`` order, as new tensors."""
-        raise NotImplementedError
+        """Posterior precision 1/σ² of each parameter in ``states`` order, as new tensors: by default the
+        rule's ``_precision_core`` → (pure core, state lists, hyperparameters), which the compiled draw
+        also fuses with σ = 1/√precision (:func:`~.functional.diagonal_sigma`)."""
+        core, lists, hyper = self._precision_core(group, states)
+        return TensorList(core(*lists, **hyper))
 
     def _update(self, group, means: TensorList, grads: TensorList, curvs: TensorList | None, states) -> None:
         """Update μ (``means``, in place) and the state from the MC means ĝ and ĥ. ``state['step']`` is t."""
@@ -179,18 +189,7 @@ class VariationalOptimizer(Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that
         names what differs, and the optimizer is left as it was."""
-        if self._in_sample or self.accumulator.count:
-            raise RuntimeError(
-                "load_state_dict() was called with a posterior sample pending; call it between steps"
-            )
-        state_dict = dict(state_dict)
-        extra = state_dict.pop("ngvi", None)
-        _state_checks.validate(self, state_dict, extra)
-        super().load_state_dict(state_dict)
-        if extra is not None:
-            self.skipped_steps = int(extra["skipped_steps"])
-            self.num_steps = int(extra["num_steps"])
-            self.noise_source.load_state_dict(extra, self._all_trainable())
+        _state_checks.load(self, state_dict, super().load_state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._in_sample:

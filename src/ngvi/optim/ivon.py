@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from .. import _validation as check
-from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureEstimator, estimator_for
+from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .base import VariationalOptimizer
 
@@ -69,7 +68,7 @@ class IVON(VariationalOptimizer):
             params,
             defaults,
             mc_samples=mc_samples,
-            curvature=estimator_for(curvature, self.curvatures),
+            curvature=curvature,
             **engine_kwargs,
         )
 
@@ -85,14 +84,7 @@ class IVON(VariationalOptimizer):
         state["momentum"] = torch.zeros_like(p)
         state["hess"] = torch.full_like(p, float(group["hess_init"]))
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return (
             F.shifted_precision,
             ([st["hess"] for st in states],),
@@ -112,7 +104,7 @@ class IVON(VariationalOptimizer):
             beta1=beta1,
             beta2=beta2,
             weight_decay=group["weight_decay"],
-            bias1=[1 - beta1 ** st["step"] for st in states],
+            bias1=F.bias_corrections(beta1, states),
             clip_radius=group["clip_radius"] if math.isfinite(group["clip_radius"]) else None,
             compile=self.compile,
         )

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from .. import _validation as check
-from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureEstimator, estimator_for
+from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .base import VariationalOptimizer
 
@@ -62,7 +61,7 @@ class NoisyAdam(VariationalOptimizer):
             params,
             defaults,
             mc_samples=mc_samples,
-            curvature=estimator_for(curvature, self.curvatures),
+            curvature=curvature,
             **engine_kwargs,
         )
 
@@ -83,14 +82,7 @@ class NoisyAdam(VariationalOptimizer):
         state["exp_avg"] = torch.zeros_like(p)
         state["fisher"] = torch.zeros_like(p)
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return (
             F.shifted_precision,
             ([st["fisher"] for st in states],),
@@ -111,6 +103,6 @@ class NoisyAdam(VariationalOptimizer):
             beta2=beta2,
             gamma_in=self.intrinsic_damping(group),
             damping=group["damping"],
-            bias1=[1 - beta1 ** st["step"] for st in states],
+            bias1=F.bias_corrections(beta1, states),
             compile=self.compile,
         )

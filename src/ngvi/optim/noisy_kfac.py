@@ -69,6 +69,7 @@ class NoisyKFAC(VariationalOptimizer):
     """
 
     takes_model = True
+    curvatures = ("ef", "fisher")  # the K-FAC factors from the closure's or sampled targets
 
     def __init__(
         self,

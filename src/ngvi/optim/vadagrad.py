@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 from .. import _validation as check
-from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureEstimator, estimator_for
+from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .base import VariationalOptimizer
 
@@ -58,7 +57,7 @@ class VadaGrad(VariationalOptimizer):
             params,
             defaults,
             mc_samples=mc_samples,
-            curvature=estimator_for(curvature, self.curvatures),
+            curvature=curvature,
             **engine_kwargs,
         )
 
@@ -70,14 +69,7 @@ class VadaGrad(VariationalOptimizer):
     def _init_state(self, group, p, state):
         state["sum_sq"] = torch.full_like(p, float(group["init_prec"]))
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return F.identity_precision, ([st["sum_sq"] for st in states],), dict()
 
     def _update(self, group, means, grads, curvs, states):

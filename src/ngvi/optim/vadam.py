@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from .. import _validation as check
-from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureEstimator, estimator_for
+from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
 
@@ -56,7 +55,7 @@ class Vadam(VariationalOptimizer):
             params,
             defaults,
             mc_samples=mc_samples,
-            curvature=estimator_for(curvature, self.curvatures),
+            curvature=curvature,
             **engine_kwargs,
         )
 
@@ -68,14 +67,7 @@ class Vadam(VariationalOptimizer):
         state["exp_avg"] = torch.zeros_like(p)
         state["exp_avg_sq"] = initial_curvature(group, p)
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return (
             F.scaled_precision,
             ([st["exp_avg_sq"] for st in states],),
@@ -95,7 +87,7 @@ class Vadam(VariationalOptimizer):
             beta1=beta1,
             beta2=beta2,
             prior_tilde=group["prior_prec"] / group["data_size"],
-            bias1=[1 - beta1 ** st["step"] for st in states],
-            bias2=[1 - beta2 ** st["step"] for st in states],
+            bias1=F.bias_corrections(beta1, states),
+            bias2=F.bias_corrections(beta2, states),
             compile=self.compile,
         )

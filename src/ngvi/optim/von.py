@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validation as check
-from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
@@ -81,14 +80,7 @@ class VON(VariationalOptimizer):
     def _init_state(self, group, p, state):
         state["hess"] = initial_curvature(group, p)
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return (
             F.shifted_precision,
             ([st["hess"] for st in states],),

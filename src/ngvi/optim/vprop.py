@@ -15,8 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validation as check
-from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureEstimator, estimator_for
+from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .base import VariationalOptimizer, initial_curvature
 
@@ -45,7 +44,7 @@ class Vprop(VariationalOptimizer):
             params,
             defaults,
             mc_samples=mc_samples,
-            curvature=estimator_for(curvature, self.curvatures),
+            curvature=curvature,
             **engine_kwargs,
         )
 
@@ -62,14 +61,7 @@ class Vprop(VariationalOptimizer):
     def _init_state(self, group, p, state):
         state["exp_avg_sq"] = initial_curvature(group, p)
 
-    def _precision(self, group, states):
-        core, lists, hyper = self._precision_core(group, states)
-        return TensorList(core(*lists, **hyper))
-
     def _precision_core(self, group, states):
-        """The precision as (core, state lists, hyperparameters), so the engine can run it fused with the
-        draw's square root and reciprocal: ``functional.run_core(functional.diagonal_sigma, *lists,
-        precision=core, compile=self.compile, **hyper)``."""
         return (
             F.scaled_precision,
             ([st["exp_avg_sq"] for st in states],),

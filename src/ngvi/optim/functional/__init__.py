@@ -39,7 +39,7 @@ BADAM ("Adam as a Laplace approximation", Alg. 1, eq. 12); Blundell et al. 2015 
 from __future__ import annotations
 
 from ._capture import run_core
-from .blocks import adam_moments_, adam_step_, riemannian_ema_
+from .blocks import adam_moments_, adam_step_, bias_corrections, riemannian_ema_
 from .kfac import kfac_factor_ema, kfac_natural_step
 from .precisions import (
     diagonal_sigma,
@@ -66,6 +66,7 @@ __all__ = [
     "adam_step_",
     "badam_update_",
     "bbvi_update_",
+    "bias_corrections",
     "diagonal_sigma",
     "exp_precision",
     "identity_precision",

@@ -78,3 +78,8 @@ def riemannian_ema_(
         coef = 0.5 * beta * beta
     riemann = (h_hat - h).square_().div_(_add(h, damping)).mul_(coef)
     h.lerp_(h_hat, beta).add_(riemann)
+
+
+def bias_corrections(beta: float, states: list[dict]) -> list[float]:
+    """1 − βᵗ for each parameter's step t (Adam's bias corrections; Python floats, as eager)."""
+    return [1 - beta ** st["step"] for st in states]

@@ -1,7 +1,8 @@
 """``ngvi demo``: every optimizer on BADAM's toy regression, one panel each.
 
 A 1-hidden-layer MLP with 50 ReLU units is trained on 200 points from (0, 0.5) and tested on (−0.5, 1.2)
-(see :mod:`ngvi.data.toy`). The Gaussian likelihood uses the noise precision τ = 1/TOY_NOISE_STD². Writes
+(see :mod:`ngvi.experiments.data.toy`). The Gaussian likelihood uses the noise precision
+τ = 1/TOY_NOISE_STD². Writes
 ``demo.png`` (data, predictive mean, ±2 std bands), ``table.md`` (test RMSE and log-likelihood) and
 ``results.json``. Finished methods are kept in ``results.json``, so a killed run resumes where it stopped.
 """
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 import ngvi
 from ngvi import metrics
-from ngvi.data.toy import TOY_NOISE_STD, ToyRegression, toy_regression
+from ngvi.experiments.data.toy import TOY_NOISE_STD, ToyRegression, toy_regression
 
 from ._io import load_json, markdown_table, results_dir, save_json, show_progress
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import ngvi
-from ngvi.data import UCI_DATASETS
+from ngvi.experiments.data import UCI_DATASETS
 
 OPTIMIZERS = {
     "Vadam": "Adam with weight perturbation (Khan et al. 2018)",
@@ -24,11 +24,11 @@ BASELINES = {
     "MAP": "Adam with weight decay from the prior",
 }
 OTHER_DATA = {
-    "toy regression": "BADAM App. D.1, generated (ngvi.data.toy_regression)",
-    "australian_scale, breast_cancer_scale": "LIBSVM binary classification (ngvi.data.load_libsvm)",
-    "mnist": "MNIST digits (ngvi.data.load_mnist)",
-    "usps": "USPS digits, 3-vs-5 task (ngvi.data.load_usps_3vs5)",
-    "mushroom, statlog shuttle, adult": "contextual bandits (ngvi.data.load_bandit)",
+    "toy regression": "BADAM App. D.1, generated (ngvi.experiments.data.toy_regression)",
+    "australian_scale, breast_cancer_scale": "LIBSVM binary classification (data.load_libsvm)",
+    "mnist": "MNIST digits (ngvi.experiments.data.load_mnist)",
+    "usps": "USPS digits, 3-vs-5 task (ngvi.experiments.data.load_usps_3vs5)",
+    "mushroom, statlog shuttle, adult": "contextual bandits (ngvi.experiments.data.load_bandit)",
 }
 
 

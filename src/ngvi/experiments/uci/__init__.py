@@ -14,7 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ngvi.data import uci_name
+from ngvi.experiments.data import uci_name
 
 from .._io import markdown_table
 from .methods import METHODS

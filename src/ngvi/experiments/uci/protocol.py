@@ -16,7 +16,7 @@ import torch
 
 import ngvi
 from ngvi import metrics
-from ngvi.data import UCISplit
+from ngvi.experiments.data import UCISplit
 
 from .methods import SMALL_SETS, Setting, UCIMethod
 

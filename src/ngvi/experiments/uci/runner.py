@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ngvi.data import load_uci, uci_info, uci_name
+from ngvi.experiments.data import load_uci, uci_info, uci_name
 
 from .._io import load_json, save_json, show_progress
 from .methods import METHODS, UCIMethod, get_methods

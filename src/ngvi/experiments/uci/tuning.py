@@ -23,7 +23,7 @@ from typing import Any
 
 import optuna
 
-from ngvi.data import uci_info
+from ngvi.experiments.data import uci_info
 
 from .methods import UCIMethod
 

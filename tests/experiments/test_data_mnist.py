@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import gzip
-import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import ngvi.data as nd
-from ngvi.data.mnist import parse_idx
+import ngvi.experiments.data as nd
+from conftest import data_dir
+from ngvi.experiments.data.mnist import parse_idx
 
-
-def _default_data_dir() -> Path:
-    env = os.environ.get("NGVI_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-DATA = _default_data_dir()
+DATA = data_dir()
 
 COUNTS = {
     "train": [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949],

@@ -2,7 +2,7 @@
 
 For users with a network; ngvi's loaders and tests never call it. Usage::
 
-    python -m ngvi.data.download uci/yacht mnist --data-dir ~/ngvi-data
+    python -m ngvi.experiments.data.download uci/yacht mnist --data-dir ~/ngvi-data
     export NGVI_DATA=~/ngvi-data
 
 Groups: ``all``, ``uci``, ``uci/<name or alias>``, ``libsvm``, ``libsvm_australian_scale``,
@@ -52,7 +52,9 @@ def files_in(group: str) -> list[str]:
             key = "uci/" + uci_name(key[4:])
         selected = [r for r in CHECKSUMS if r == key or r.startswith(key + "/")]
     if not selected:
-        raise ValueError(f"unknown data group {group!r}; see `python -m ngvi.data.download --help`")
+        raise ValueError(
+            f"unknown data group {group!r}; see `python -m ngvi.experiments.data.download --help`"
+        )
     return sorted(selected, key=lambda r: (file_source(r).url is None, r))
 
 
@@ -133,7 +135,9 @@ def download(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ngvi.data.download", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ngvi.experiments.data.download", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("groups", nargs="+", help="e.g. all, uci, uci/yacht, libsvm, mnist, usps, bandits")
     parser.add_argument("--data-dir", default=os.environ.get("NGVI_DATA"), help="target (default $NGVI_DATA)")
     parser.add_argument("--force", action="store_true", help="re-fetch files that are already present")

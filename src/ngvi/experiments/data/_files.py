@@ -1,8 +1,8 @@
 """Finding the data folder, checking files against the embedded sha256 table, and clear errors.
 
 The data folder is ``data_dir`` when given, else the environment variable ``NGVI_DATA``. Every file a
-loader reads is checked against :data:`ngvi.data._checksums.CHECKSUMS` once per process (a file that
-changes on disk is checked again).
+loader reads is checked against :data:`ngvi.experiments.data._checksums.CHECKSUMS` once per process
+(a file that changes on disk is checked again).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _fix_hint(group: str, root: Path | None) -> str:
         "  and pass data_dir=... to the loader, or set the environment variable:\n"
         f"      export {ENV_VAR}=/path/to/data\n"
         "  With network access, this fetches the files from pinned upstream sources and verifies them:\n"
-        f"      python -m ngvi.data.download {group} --data-dir {where}"
+        f"      python -m ngvi.experiments.data.download {group} --data-dir {where}"
     )
 
 
@@ -125,7 +125,7 @@ def verify_file(path: PathLike, rel: str) -> None:
             "It is corrupt, truncated or a different version. Replace it with a fresh copy of the ngvi data\n"
             f"folder, or from the upstream source {src.page}\n"
             "(see MANIFEST.md for changes made after download). With network access:\n"
-            f"      python -m ngvi.data.download {_group(rel)} --data-dir <the data folder>"
+            f"      python -m ngvi.experiments.data.download {_group(rel)} --data-dir <the data folder>"
         )
     with _lock:
         _verified.add(key)

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-import ngvi.data as nd
+import ngvi.experiments.data as nd
+from conftest import data_dir
 
-
-def _default_data_dir() -> Path:
-    env = os.environ.get("NGVI_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-DATA = _default_data_dir()
+DATA = data_dir()
 
 # per-digit counts from zip.info.txt
 COUNTS = {

@@ -1,1 +1,20 @@
-"""Experiments, each one command of the ``ngvi`` CLI that writes a results folder."""
+"""The papers' experiments, on one harness (:mod:`.core`): each is one :class:`~.core.Experiment` in its
+own module, and a command of the ``ngvi`` CLI that writes a results folder.
+
+Adding an experiment: write a module with an ``EXPERIMENT`` object (its arguments, jobs, ``run_job`` and
+``report``) and name the module here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: command -> module under ngvi.experiments holding ``EXPERIMENT`` (or, for ``list``, ``COMMAND``)
+COMMANDS: dict[str, str] = {"demo": "demo", "uci": "uci", "bench": "bench", "list": "listing"}
+
+
+def command(name: str) -> Any:
+    """The experiment (or command) object of ``ngvi <name>``."""
+    module = importlib.import_module(f"{__name__}.{COMMANDS[name]}")
+    return getattr(module, "EXPERIMENT", None) or module.COMMAND

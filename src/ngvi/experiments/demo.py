@@ -239,3 +239,16 @@ def main(args: argparse.Namespace) -> None:
     done = run(Path(args.out), steps=steps, methods=methods, seed=args.seed)
     print((Path(args.out) / "table.md").read_text())
     print(f"wrote {Path(args.out) / 'demo.png'} and table.md, results.json ({len(done)} methods)")
+
+
+class _Command:  # interim: until demo is an Experiment of the harness
+    name = "demo"
+    help = {
+        "demo": "train every optimizer on a 1-D toy regression and plot the predictive bands (~2 min)",
+        "bench": "step time and peak memory of every optimizer against torch.optim.Adam (~15 min)",
+    }["demo"]
+    add_arguments = staticmethod(add_arguments)
+    main = staticmethod(main)
+
+
+COMMAND = _Command()

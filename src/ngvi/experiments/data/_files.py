@@ -45,7 +45,7 @@ def _fix_hint(group: str, root: Path | None) -> str:
     where = str(root) if root is not None else "/path/to/data"
     return (
         "What to do: get the ngvi benchmark data folder (the one holding MANIFEST.md, uci/, mnist/, ...)\n"
-        "  and pass data_dir=... to the loader, or set the environment variable:\n"
+        "  and pass it as --data-dir to the ngvi commands (data_dir=... to the loaders), or set:\n"
         f"      export {ENV_VAR}=/path/to/data\n"
         "  With network access, this fetches the files from pinned upstream sources and verifies them:\n"
         f"      python -m ngvi.experiments.data.download {group} --data-dir {where}"
@@ -64,12 +64,12 @@ def resolve_data_dir(data_dir: PathLike | None = None) -> Path:
         DataNotFoundError: neither is set, or the folder does not exist.
     """
     if data_dir is not None and str(data_dir) != "":
-        root, origin = Path(data_dir).expanduser(), "the data_dir argument"
+        root, origin = Path(data_dir).expanduser(), "--data-dir / data_dir="
     else:
         env = os.environ.get(ENV_VAR, "")
         if not env:
             raise DataNotFoundError(
-                f"No data folder given: pass data_dir=... or set the environment variable {ENV_VAR}.\n"
+                f"No data folder given: pass --data-dir (data_dir=... in Python) or set {ENV_VAR}.\n"
                 + _fix_hint("all", None)
             )
         root, origin = Path(env).expanduser(), f"the environment variable {ENV_VAR}"

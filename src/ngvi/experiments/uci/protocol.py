@@ -16,8 +16,9 @@ import torch
 
 import ngvi
 from ngvi import metrics
-from ngvi.experiments.data import UCISplit
 
+from ..core import models, training
+from ..data import UCISplit
 from .methods import SMALL_SETS, Setting, UCIMethod
 
 EVAL_SAMPLES = 100
@@ -39,17 +40,6 @@ class Protocol:
         return 100 if dataset == "protein-tertiary-structure" else 50
 
 
-def _evaluate(
-    model, trainer, method: UCIMethod, x, y, y_mean, y_std, noise_prec, samples
-) -> dict[str, float]:
-    out = ngvi.predict(model, trainer, x, samples=samples, linearized=method.linearized)[..., 0]
-    out = out * y_std + y_mean
-    return {
-        "rmse": metrics.rmse(out.mean(0), y),
-        "loglik": metrics.gaussian_log_likelihood(out, y, noise_prec / y_std**2),
-    }
-
-
 def fit(
     method: UCIMethod,
     dataset: str,
@@ -68,48 +58,37 @@ def fit(
     y_train = torch.as_tensor(std.y_train, dtype=torch.float32).unsqueeze(1)
     x_test = torch.as_tensor(std.x_test, dtype=torch.float32)
     y_test = torch.as_tensor(split.y_test, dtype=torch.float64)
-    y_mean, y_std = scaler.y_mean, scaler.y_std
     n = x_train.shape[0]
-    setting = Setting(
-        in_features=x_train.shape[1],
-        hidden=protocol.hidden(dataset),
-        data_size=n,
-        prior_prec=prior_prec,
-        noise_prec=noise_prec,
-        mc_samples=1 if method.samples_in_batch else method.train_samples(dataset),
-        dropout=dropout,
-    )
-    model, trainer = method.build(setting)
-    batch = protocol.batch_size(dataset)
     copies = method.train_samples(dataset) if method.samples_in_batch else 1
-    order = torch.Generator().manual_seed(seed)
-    curve = []
-    for _ in range(protocol.epochs):
-        model.train()
-        for idx in torch.randperm(n, generator=order).split(batch):
-            xb, yb = x_train[idx], y_train[idx]
-            if copies > 1:
-                xb, yb = xb.repeat(copies, 1), yb.repeat(copies, 1)
-
-            def closure(xb=xb, yb=yb):
-                trainer.zero_grad()
-                output = model(xb)
-                loss = 0.5 * noise_prec * ((output - yb) ** 2).mean()
-                if method.true_fisher:
-                    return loss, output  # the optimizer backpropagates (see ngvi.curvature.optimizer)
-                loss.backward()
-                return loss
-
-            trainer.step(closure)
-        if protocol.curve:
-            curve.append(
-                _evaluate(model, trainer, method, x_test, y_test, y_mean, y_std, noise_prec, CURVE_SAMPLES)[
-                    "rmse"
-                ]
-            )
-    train_seconds = time.perf_counter() - start
-    result = _evaluate(
-        model, trainer, method, x_test, y_test, y_mean, y_std, noise_prec, protocol.eval_samples
+    setting = Setting(n, prior_prec, noise_prec, mc_samples=method.train_samples(dataset) // copies)
+    registered = method.method
+    model = models.mlp(
+        x_train.shape[1], protocol.hidden(dataset), 1, dropout=dropout if registered.dropout else None
     )
+    trainer = registered.build(model, n, **method.trainer_options(setting))
+
+    def evaluate(samples: int) -> dict[str, float]:
+        out = ngvi.predict(model, trainer, x_test, samples=samples, linearized=registered.linearized)[..., 0]
+        out = out * scaler.y_std + scaler.y_mean
+        return {
+            "rmse": metrics.rmse(out.mean(0), y_test),
+            "loglik": metrics.gaussian_log_likelihood(out, y_test, noise_prec / scaler.y_std**2),
+        }
+
+    curve: list[float] = []
+    training.train(
+        model,
+        trainer,
+        x_train,
+        y_train,
+        lambda output, y: 0.5 * noise_prec * ((output - y) ** 2).mean(),
+        epochs=protocol.epochs,
+        batch_size=protocol.batch_size(dataset),
+        generator=torch.Generator().manual_seed(seed),
+        copies=copies,
+        after_epoch=(lambda _: curve.append(evaluate(CURVE_SAMPLES)["rmse"])) if protocol.curve else None,
+    )
+    train_seconds = time.perf_counter() - start
+    result = evaluate(protocol.eval_samples)
     result.update(curve=curve, train_seconds=train_seconds, seconds=time.perf_counter() - start)
     return result

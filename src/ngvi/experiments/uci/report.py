@@ -14,15 +14,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
-from .._io import markdown_table
+from ..core.report import (
+    BOLD_LEGEND,
+    bold_set,
+    figure,
+    fmt_mean_se,
+    markdown_table,
+    mean_se,
+    save_figure,
+    verdict,
+)
 from .methods import METHODS
 from .published import DECIMALS, SOURCES, published
 
 METRICS = {"rmse": ("Test RMSE", -1), "loglik": ("Test log-likelihood", +1)}  # sign: +1 higher is better
 SHORT = {"khan2018": "K18", "zhang2018": "Z18"}
-P_VALUE = 0.01
 
 
 def _per_split(results: dict[str, Any], dataset: str, method: str, metric: str) -> dict[int, float]:
@@ -50,43 +57,6 @@ def diverged(results: dict[str, Any], datasets: list[str], methods: list[str]) -
     )
 
 
-def _fmt(mean: float, se: float) -> str:
-    """Enough decimals to show the standard error to two significant digits (2 to 5 decimals)."""
-    if not math.isfinite(mean):
-        return str(mean)
-    digits = 2 if se <= 0 or not math.isfinite(se) else min(5, max(2, 1 - math.floor(math.log10(se))))
-    return f"{mean:.{digits}f} ± {se:.{digits}f}"
-
-
-def summarize(values: dict[int, float]) -> tuple[float, float, int]:
-    v = np.array(list(values.values()), dtype=float)
-    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
-    return float(v.mean()), se, len(v)
-
-
-def _bold(results, dataset: str, methods: list[str], metric: str) -> set[str]:
-    sign = METRICS[metric][1]
-    values = {m: _per_split(results, dataset, m, metric) for m in methods}
-    values = {m: v for m, v in values.items() if v}
-    if not values:
-        return set()
-    best = max(values, key=lambda m: sign * summarize(values[m])[0])
-    bold = {best}
-    for m, v in values.items():
-        common = sorted(set(v) & set(values[best]))
-        if m == best or len(common) < 2:
-            continue
-        diff = np.array([v[s] - values[best][s] for s in common])
-        if np.allclose(diff, 0.0):
-            bold.add(m)
-        elif (
-            diff.std() > 1e-12 * abs(diff.mean())
-            and stats.ttest_rel(diff, np.zeros_like(diff)).pvalue > P_VALUE
-        ):
-            bold.add(m)  # (a constant non-zero difference is as significant as it gets)
-    return bold
-
-
 def build_table(results: dict[str, Any], datasets: list[str], methods: list[str], header: str) -> str:
     sections = [header]
     for metric, (title, _) in METRICS.items():
@@ -96,13 +66,14 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
             columns += [f"{row} [{SHORT[src]}]" for src, row in METHODS[m].published.items()]
         rows = []
         for d in datasets:
-            bold = _bold(results, d, methods, metric)
+            per_method = {m: _per_split(results, d, m, metric) for m in methods}
+            bold = bold_set(per_method, METRICS[metric][1])
             row = [d]
             for m in methods:
-                values = _per_split(results, d, m, metric)
+                values = per_method[m]
                 if values:
-                    mean, se, n = summarize(values)
-                    cell = _fmt(mean, se) + (
+                    mean, se, n = mean_se(values.values())
+                    cell = fmt_mean_se(mean, se) + (
                         "" if n >= 20 or d == "protein-tertiary-structure" else f" ({n})"
                     )
                     row.append(f"**{cell}**" if m in bold else cell)
@@ -113,6 +84,7 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
                     row.append(f"{pub[0]:.{DECIMALS[src]}f} ± {pub[1]:.{DECIMALS[src]}f}" if pub else "—")
             rows.append(row)
         sections.append(f"## {title}\n\n" + markdown_table(columns, rows))
+    sections.append(BOLD_LEGEND + " The number in brackets is the count of splits where it is not all.\n")
     sections.append(diverged(results, datasets, methods))
     sections.append(comparison(results, datasets, methods))
     return "\n".join(sections)
@@ -122,7 +94,7 @@ def comparison(results: dict[str, Any], datasets: list[str], methods: list[str])
     lines = [
         "## Comparison with the papers\n",
         "Difference ours − published, and its z-score on the two standard errors and the published "
-        "rounding (|z| > 2 flagged).\n",
+        "rounding (|z| > 2 flagged; no verdict where ours has a single split, hence no standard error).\n",
     ]
     rows = []
     for m in methods:
@@ -133,14 +105,11 @@ def comparison(results: dict[str, Any], datasets: list[str], methods: list[str])
                     values = _per_split(results, d, m, metric)
                     if pub is None or not values:
                         continue
-                    mean, se, _ = summarize(values)
+                    mean, se, _ = mean_se(values.values())
                     diff = mean - pub[0]
                     # the papers round to DECIMALS places: a uniform error of ±half a unit (sd half/√3)
                     rounding = 0.5 * 10.0 ** -DECIMALS[src] / math.sqrt(3.0)
-                    scale = math.sqrt((se if math.isfinite(se) else 0.0) ** 2 + pub[1] ** 2 + rounding**2)
-                    z = diff / scale if scale > 0 else float("inf") * np.sign(diff)
-                    verdict = "better" if sign * diff > 0 else "worse"
-                    flag = f"**{verdict}**" if abs(z) > 2 else "same within noise"
+                    z, flag = verdict(diff, sign, se, pub[1], rounding)
                     rel = f"{100 * abs(diff) / abs(pub[0]):.0f}%" if pub[0] else "—"
                     rows.append(
                         [
@@ -150,7 +119,7 @@ def comparison(results: dict[str, Any], datasets: list[str], methods: list[str])
                             title,
                             f"{diff:+.3g}",
                             rel,
-                            f"{z:+.1f}",
+                            z,
                             flag,
                         ]
                     )
@@ -166,15 +135,8 @@ def comparison(results: dict[str, Any], datasets: list[str], methods: list[str])
 
 def plot_curves(results: dict[str, Any], datasets: list[str], methods: list[str], path: Path) -> None:
     """Test RMSE against epochs, mean ± one standard error over splits (Khan et al. 2018, Fig. 4)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = min(4, len(datasets))
-    rows = math.ceil(len(datasets) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
-    for ax, d in zip(axes.flat, datasets, strict=False):
+    fig, axes = figure(len(datasets))
+    for ax, d in zip(axes, datasets, strict=True):
         for m in methods:
             prefix = f"{d}/{m}/"
             curves = [
@@ -191,10 +153,4 @@ def plot_curves(results: dict[str, Any], datasets: list[str], methods: list[str]
         ax.set_xlabel("epoch", fontsize=8)
         ax.set_ylabel("test RMSE", fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(datasets) :]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)) or 1, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, legend_from=axes[0])

@@ -15,13 +15,27 @@ from torch import nn
 from conftest import data_dir
 from ngvi.baselines import BBVI
 from ngvi.cli import main
+from ngvi.experiments.core.report import bold_set, fmt_mean_se
+from ngvi.experiments.uci.experiment import STANDARD_SETS, fit_seconds, shipped_hparams
 from ngvi.experiments.uci.methods import METHODS
-from ngvi.experiments.uci.report import _bold, _fmt, build_table
-from ngvi.experiments.uci.runner import STANDARD_SETS, fit_seconds, shipped_hparams
-from ngvi.experiments.uci.runner import run as run_uci
+from ngvi.experiments.uci.report import METRICS, _per_split, build_table
 from ngvi.experiments.uci.tuning import tune
 
-AVAILABLE = [name for name, m in METHODS.items() if m.available()]
+AVAILABLE = [name for name, m in METHODS.items() if m.method.available()]
+
+
+def run_uci(datasets, methods, splits, tune_mode, out, *, merge_from=(), jobs=2, data_dir=None) -> dict:
+    """`ngvi uci` with these arguments; the results.json it leaves."""
+    args = ["uci", "--datasets", ",".join(datasets), "--methods", ",".join(methods), "--splits", str(splits)]
+    args += ["--tune", tune_mode, "--out", str(out), "--jobs", str(jobs)]
+    args += ["--merge-from", ",".join(map(str, merge_from))] if merge_from else []
+    args += ["--data-dir", data_dir] if data_dir else []
+    assert main(args) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+def _bold(results, dataset, methods, metric):
+    return bold_set({m: _per_split(results, dataset, m, metric) for m in methods}, METRICS[metric][1])
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +77,7 @@ def test_rerun_resumes_without_refitting(smoke_run):
 
 def test_clear_errors(tmp_path, capsys):
     assert main(["uci", "--methods", "sgd", "--out", str(tmp_path)]) == 2
-    assert "unknown method" in capsys.readouterr().err
+    assert "--methods: unknown sgd" in capsys.readouterr().err
     args = ["uci", "--datasets", "yacht", "--methods", "vprop", "--tune", "none", "--epochs", "3"]
     assert main([*args, "--out", str(tmp_path), "--data-dir", str(data_dir())]) == 2
     assert "no tuned hyperparameters" in capsys.readouterr().err
@@ -111,9 +125,10 @@ def test_paired_t_test_bolding():
 
 
 def test_number_format_follows_the_standard_error():
-    assert _fmt(3.9312, 0.2634) == "3.93 ± 0.26"
-    assert _fmt(0.000612, 0.0000123) == "0.00061 ± 0.00001"
-    assert _fmt(4.72, 0.0) == "4.72 ± 0.00"
+    assert fmt_mean_se(3.9312, 0.2634) == "3.93 ± 0.26"
+    assert fmt_mean_se(0.000612, 0.0000123) == "0.00061 ± 0.00001"
+    assert fmt_mean_se(4.72, 0.0) == "4.72 ± 0.00"
+    assert fmt_mean_se(4.72, float("nan")) == "4.720 (no s.e.)"  # one split: no standard error, no ± nan
 
 
 def _bbvi_first_gradients(copies: int, mc_samples: int, seed: int) -> torch.Tensor:
@@ -173,7 +188,7 @@ def test_bo_evaluates_the_warm_starts_first(tmp_path):
     assert best["noise_prec"] == pytest.approx(math.exp(2.0)) and best["cv_loglik"] == pytest.approx(0.0)
 
 
-def test_merge_builds_one_table_from_pieces(tmp_path):
+def test_merge_builds_one_table_from_pieces(tmp_path, capsys):
     config = {"protocol": {"epochs": 40, "eval_samples": 100, "curve": True}, "seed": 0}
     hp = {
         "prior_prec": 1.0,
@@ -207,8 +222,9 @@ def test_merge_builds_one_table_from_pieces(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "results.json").write_text(json.dumps({"config": {**config, "seed": 1}, "runs": {}}))
-    with pytest.raises(ValueError, match="same protocol and seed"):
-        run_uci(["yacht"], ["vadam"], 2, "none", out, merge_from=[other], data_dir=str(data_dir()))
+    args = ["uci", "--datasets", "yacht", "--methods", "vadam", "--out", str(out), "--merge-from", str(other)]
+    assert main([*args, "--data-dir", str(data_dir())]) == 2
+    assert "same protocol and seed" in capsys.readouterr().err
 
 
 def test_bo_scores_a_diverged_fit_as_the_worst_value_so_far(tmp_path):
@@ -243,13 +259,13 @@ def test_diverged_fits_are_left_out_and_listed():
 
 
 def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
-    from ngvi.experiments.uci import runner
+    from ngvi.experiments.uci import experiment
     from ngvi.optim.base import NonFiniteGradientError
 
     def diverge(*args, **kwargs):
         raise NonFiniteGradientError("non-finite gradient")
 
-    monkeypatch.setattr(runner, "fit", diverge)
+    monkeypatch.setattr(experiment, "fit", diverge)
     (tmp_path / "tuned.json").write_text(json.dumps({"yacht/vadam": {"prior_prec": 1.0, "noise_prec": 1.0}}))
     results = run_uci(["yacht"], ["vadam"], 2, "none", tmp_path, jobs=1, data_dir=str(data_dir()))
     assert results["runs"] == {f"yacht/vadam/{s}": {"diverged": "non-finite gradient"} for s in (0, 1)}

@@ -1,0 +1,120 @@
+"""The one method registry: how every optimizer and baseline is built for a model.
+
+Every trainer takes the shared vocabulary (``data_size``, ``lr``, ``prior_prec``, ``mc_samples``, ``seed``)
+plus its own options, so an experiment builds any method the same way::
+
+    model = models.mlp(1, 50, 1, dropout=METHODS[name].dropout and p)
+    trainer = METHODS[name].build(model, data_size, lr=1e-2, prior_prec=1.0, **protocol_specific)
+
+and trains it with the closure of :func:`.training.closure`, which calls ``trainer.backward(loss, output)``:
+the library owns the closure contract, so experiments never branch on the method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+import ngvi
+
+
+@dataclass(frozen=True)
+class Method:
+    """A trainer of ngvi: ``cls`` is its import path under ``ngvi`` (``"Vadam"``, ``"baselines.BBVI"``)."""
+
+    name: str
+    label: str
+    cls: str
+    reference: str
+    takes_model: bool = False  # built from the model (it hooks the layers), not from its parameters
+    dropout: bool = False  # the model needs dropout layers (MC dropout)
+    linearized: bool = False  # its natural predictive is the linearised (GLM) one (BADAM)
+
+    def trainer_class(self) -> type | None:
+        target: Any = ngvi
+        for part in self.cls.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                return None
+        return target
+
+    def available(self) -> bool:
+        return self.trainer_class() is not None
+
+    def build(self, model: nn.Module, data_size: int, **options: Any) -> Any:
+        """The trainer for ``model`` (options in the shared vocabulary and the trainer's own)."""
+        cls = self.trainer_class()
+        if cls is None:
+            raise ValueError(f"method {self.name!r} ({self.cls}) is not available in this build of ngvi")
+        return cls(model if self.takes_model else model.parameters(), data_size=data_size, **options)
+
+
+def _method(*args: Any, **kwargs: Any) -> tuple[str, Method]:
+    m = Method(*args, **kwargs)
+    return m.name, m
+
+
+METHODS: dict[str, Method] = dict(
+    [
+        _method("vadam", "Vadam", "Vadam", "Adam with weight perturbation (Khan et al. 2018)"),
+        _method("vprop", "Vprop", "Vprop", "RMSprop with weight perturbation (Khan et al. 2018)"),
+        _method(
+            "von", "VON", "VON", "variational online-Newton, Price or Hutchinson Hessian (Khan et al. 2018)"
+        ),
+        _method(
+            "vogn",
+            "VOGN",
+            "VOGN",
+            "variational online Gauss-Newton with per-example gradients (Khan et al. 2018)",
+            takes_model=True,
+        ),
+        _method(
+            "vadagrad",
+            "VadaGrad",
+            "VadaGrad",
+            "variational optimisation with an AdaGrad-like rule (Khan et al. 2018, App. F)",
+        ),
+        _method("ivon", "IVON", "IVON", "improved variational online-Newton (Shen et al. 2024)"),
+        _method(
+            "noisy_adam", "Noisy Adam", "NoisyAdam", "noisy Adam, fully factorised NNG (Zhang et al. 2018)"
+        ),
+        _method(
+            "noisy_kfac",
+            "Noisy K-FAC",
+            "NoisyKFAC",
+            "noisy K-FAC, matrix-variate Gaussian (Zhang et al. 2018)",
+            takes_model=True,
+        ),
+        _method("badam", "BAdam", "BAdam", "Adam read as a Laplace posterior (BADAM)", linearized=True),
+        _method(
+            "bbvi",
+            "BBVI",
+            "baselines.BBVI",
+            "Bayes by Backprop with local reparameterisation (Blundell et al. 2015)",
+            takes_model=True,
+        ),
+        _method(
+            "mc_dropout",
+            "MC dropout",
+            "baselines.MCDropout",
+            "MC dropout (Gal & Ghahramani 2016)",
+            takes_model=True,
+            dropout=True,
+        ),
+        _method("map", "MAP", "baselines.MAP", "Adam with weight decay from the prior", takes_model=True),
+    ]
+)
+
+
+def get_methods(names: list[str], known: dict[str, Any] | None = None) -> list[Method]:
+    """The methods named (of ``known``, by default all), or a ValueError naming the unknown ones."""
+    known = METHODS if known is None else known
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(known)} (see `ngvi list`)")
+    missing = [n for n in names if not METHODS[n].available()]
+    if missing:
+        raise ValueError(f"method(s) {missing} are not available in this build of ngvi")
+    return [METHODS[n] for n in names]

@@ -1,0 +1,310 @@
+"""``ngvi uci`` as an experiment of the harness: tune (or load) λ and τ, fit every (data set, method, split),
+and report. Fits run on ``--jobs`` worker processes and each finished fit is kept in ``results.json``, so a
+killed run resumes from the fits it had finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from ..core import args as arg_types
+from ..core.report import markdown_table
+from ..core.runner import Experiment, Job, Run
+from ..data import load_uci, uci_info, uci_name
+from .methods import METHODS, UCIMethod
+from .protocol import Protocol, fit
+
+#: the eight data sets of Khan et al. 2018, Table 1 (protein is available but not in the default list)
+STANDARD_SETS = (
+    "bostonHousing",
+    "concrete",
+    "energy",
+    "kin8nm",
+    "naval-propulsion-plant",
+    "power-plant",
+    "wine-quality-red",
+    "yacht",
+)
+TUNED = "tuned.json"
+
+
+def _key(*parts: Any) -> str:
+    return "/".join(str(p) for p in parts)
+
+
+def shipped_hparams() -> dict[str, Any]:
+    return json.loads(resources.files(__package__).joinpath("hparams.json").read_text())
+
+
+def _tunes_only_prior_and_noise(method: UCIMethod) -> bool:
+    return not method.fixed and not method.tunes_dropout
+
+
+class UCI(Experiment):
+    name = "uci"
+    help = "the UCI regression benchmark (Khan et al. 2018 and Zhang et al. 2018, Table 1)"
+    default_out = "runs/uci"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = (
+            "examples:\n"
+            "  ngvi uci --datasets yacht,concrete --methods vadam,bbvi --splits 20 --tune none\n"
+            "  ngvi uci --methods vadam --tune bo --trials 30 --folds 5  # tune on split 0, then all\n"
+            "A killed run resumes: rerun the same command with the same --out."
+        )
+        parser.add_argument(
+            "--datasets",
+            type=arg_types.names(aliases=uci_name),
+            default=list(STANDARD_SETS),
+            help="comma-separated UCI sets (aliases: boston, naval, power, wine, protein); default: Table 1",
+        )
+        parser.add_argument(
+            "--methods",
+            type=arg_types.names(METHODS),
+            default=["vadam", "bbvi", "mc_dropout"],
+            help=f"comma-separated: {', '.join(METHODS)} (default: vadam,bbvi,mc_dropout)",
+        )
+        parser.add_argument(
+            "--splits",
+            type=arg_types.positive_int,
+            default=None,
+            help="first K splits (default: all, 20 or 5)",
+        )
+        parser.add_argument(
+            "--tune", choices=["bo", "none"], default="none", help="bo: Bayesian optimisation on split 0"
+        )
+        parser.add_argument(
+            "--trials",
+            type=arg_types.positive_int,
+            default=30,
+            help="BO evaluations per data set and method (default 30)",
+        )
+        parser.add_argument(
+            "--folds",
+            type=arg_types.positive_int,
+            default=5,
+            help="cross-validation folds per BO evaluation (default 5)",
+        )
+        parser.add_argument(
+            "--epochs", type=arg_types.positive_int, default=40, help="training epochs (default 40)"
+        )
+        parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
+        parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
+        parser.add_argument(
+            "--merge-from",
+            type=arg_types.names(),
+            default=[],
+            help="comma-separated results folders (same protocol and seed) whose fits and tuned values for "
+            "--datasets and --methods are copied into --out first: a benchmark run in pieces, one table",
+        )
+
+    def config(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"protocol": asdict(Protocol(epochs=args.epochs)), "seed": args.seed}
+
+    def prepare(self, args: argparse.Namespace, run: Run) -> None:
+        if args.folds < 2 and args.tune == "bo":
+            raise ValueError("--folds must be at least 2 for cross-validation")
+        self.n_splits = {d: uci_info(d, args.data_dir).n_splits for d in args.datasets}  # fails early
+        if args.merge_from:
+            self._merge(args, run)
+        run.results.setdefault("hparams", {})
+        for dataset in args.datasets:
+            for name in args.methods:
+                hp = self._hyperparameters(METHODS[name], dataset, args, run)
+                run.results["hparams"][_key(dataset, name)] = hp
+        run.save()
+
+    def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
+        jobs = []
+        for dataset in args.datasets:
+            for split in range(min(args.splits or self.n_splits[dataset], self.n_splits[dataset])):
+                for name in args.methods:
+                    spec = {
+                        "dataset": dataset,
+                        "split": split,
+                        "method": name,
+                        "hp": run.results["hparams"][_key(dataset, name)],
+                        "protocol": asdict(Protocol(epochs=args.epochs)),
+                        "seed": args.seed,
+                        "data_dir": args.data_dir,
+                    }
+                    jobs.append(Job(_key(dataset, name, split), spec))
+        return jobs
+
+    def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """One fit on one split (or one CV fold of split 0's training part)."""
+        split = load_uci(spec["dataset"], spec["split"], spec["data_dir"])
+        if spec.get("fold") is not None:
+            split = split.cv_folds(n_folds=spec["folds"], seed=spec["seed"])[spec["fold"]]
+        hp = spec["hp"]
+        try:
+            return fit(
+                METHODS[spec["method"]],
+                spec["dataset"],
+                split,
+                hp["prior_prec"],
+                hp["noise_prec"],
+                Protocol(**spec["protocol"]),
+                seed=spec["seed"] + spec["split"],
+                dropout=hp.get("dropout", 0.05),
+            )
+        except FloatingPointError as err:  # ngvi.NonFiniteGradientError: this fit diverged; the others go on
+            return {"diverged": str(err)}
+
+    def _hyperparameters(self, method: UCIMethod, dataset: str, args: argparse.Namespace, run: Run) -> dict:
+        """λ, τ (and dropout) for one data set and method: from the run's cache, or the shipped table, or a
+        fresh BO (``--tune bo``)."""
+        from .tuning import tune
+
+        key = _key(dataset, method.name)
+        cache = run.out.load(TUNED)
+        budget = {"trials": args.trials, "folds": args.folds, "epochs": args.epochs}
+        if key in cache and (args.tune == "none" or cache[key].get("budget") == budget):
+            return cache[key]
+        if args.tune == "none":
+            shipped = shipped_hparams().get(key)
+            if shipped is None:
+                raise ValueError(
+                    f"no tuned hyperparameters for {method.name} on {dataset}: run with --tune bo to tune "
+                    f"them (they are then cached in {run.out / TUNED})"
+                )
+            return {**shipped, "source": "shipped"}
+        protocol = {**asdict(Protocol(epochs=args.epochs)), "curve": False}
+
+        def cv_loglik(hp: dict[str, float]) -> float:
+            specs = [
+                {
+                    "dataset": dataset,
+                    "split": 0,
+                    "fold": k,
+                    "folds": args.folds,
+                    "method": method.name,
+                    "hp": hp,
+                    "protocol": protocol,
+                    "seed": args.seed,
+                    "data_dir": args.data_dir,
+                }
+                for k in range(args.folds)
+            ]
+            folds = run.map(specs)
+            if any("diverged" in r for r in folds):
+                return float("nan")  # scored by the tuner as a divergence
+            return float(np.mean([r["loglik"] for r in folds]))
+
+        warm = self._warm_starts(cache, dataset, method)
+        best = tune(
+            method,
+            dataset,
+            cv_loglik,
+            args.trials,
+            run.out / "optuna-journal.log",
+            f"{args.folds}folds-{args.epochs}epochs",
+            seed=args.seed,
+            data_dir=args.data_dir,
+            starts=list(warm.values()),
+        )
+        entry = {**best, "budget": budget, "tuned_on_split": 0, "source": "bo", "warm_start": sorted(warm)}
+        cache[key] = entry
+        run.out.save(TUNED, cache)
+        return entry
+
+    @staticmethod
+    def _warm_starts(cache: dict[str, Any], dataset: str, method: UCIMethod) -> dict[str, dict[str, Any]]:
+        """The optima already tuned for other methods on ``dataset`` over the same (λ, τ) search space."""
+        if not _tunes_only_prior_and_noise(method):
+            return {}
+        starts = {}
+        for key, entry in cache.items():
+            data, name = key.split("/")[:2]
+            other = METHODS.get(name)
+            if (
+                data == dataset
+                and other is not None
+                and other is not method
+                and _tunes_only_prior_and_noise(other)
+            ):
+                starts[name] = entry
+        return starts
+
+    def _merge(self, args: argparse.Namespace, run: Run) -> None:
+        """Copy the fits and tuned values of ``--methods`` on ``--datasets`` from other results folders (a
+        benchmark run in pieces, e.g. one method per machine); entries already in ``--out`` are kept."""
+        from ..core.results import ResultsFolder
+
+        tuned = run.out.load(TUNED)
+
+        def wanted(key: str) -> bool:
+            dataset, method = key.split("/")[:2]
+            return dataset in args.datasets and method in args.methods
+
+        for path in args.merge_from:
+            src = ResultsFolder(path, writable=False)
+            other = src.load("results.json", required=("runs", "hparams"))
+            if not other:
+                raise ValueError(f"{path} holds no results.json to merge")
+            if other.get("config") != run.results["config"]:
+                raise ValueError(
+                    f"{path} was run with {other.get('config')}, {run.out.path} with "
+                    f"{run.results['config']}; merge only results of the same protocol and seed"
+                )
+            for section in ("runs", "hparams"):
+                for k, v in other.get(section, {}).items():
+                    if wanted(k):
+                        run.results.setdefault(section, {}).setdefault(k, v)
+            for k, v in src.load(TUNED).items():
+                if wanted(k):
+                    tuned.setdefault(k, v)
+        run.save()
+        run.out.save(TUNED, tuned)
+
+    def report(self, args: argparse.Namespace, run: Run) -> None:
+        from .report import build_table, plot_curves
+
+        results, out = run.results, run.out
+        hp_rows = [
+            [k, f"{v['prior_prec']:.3g}", f"{v['noise_prec']:.3g}", v.get("dropout", "—"), _source(v)]
+            for k, v in sorted(results["hparams"].items())
+            if k.split("/")[0] in args.datasets and k.split("/")[1] in args.methods
+        ]
+        fit_minutes = [
+            f"{METHODS[m].label} {fit_seconds(results, args.datasets, m) / 60:.1f}" for m in args.methods
+        ]
+        command = " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["uci"] else "uci ..."
+        header = (
+            "# UCI regression benchmark\n\n"
+            f"Command: `ngvi {command}`  \n"
+            f"Fitting time, summed over each method's fits on one core (tuning not included; with 2 worker "
+            f"processes the wall time is about half): {', '.join(fit_minutes)} min.  \n"
+            "λ (prior precision) and τ (noise precision, standardised units) were tuned on split 0 of each "
+            "data set and reused for every split.\n\n"
+            + markdown_table(["data set / method", "λ", "τ", "dropout", "tuned by"], hp_rows)
+        )
+        (out / "table.md").write_text(build_table(results, args.datasets, args.methods, header))
+        plot_curves(results, args.datasets, args.methods, out / "curves.png")
+        print((out / "table.md").read_text())
+        print(f"wrote {out / 'table.md'}, {out / 'curves.png'} and {out / 'results.json'}")
+
+
+def _source(hp: dict) -> str:
+    if hp.get("source") == "bo":
+        b = hp["budget"]
+        return f"BO, {b['trials']} trials × {b['folds']} folds, {b['epochs']} epochs"
+    return hp.get("source", "?")
+
+
+def fit_seconds(results: dict[str, Any], datasets: list[str], method: str) -> float:
+    """Seconds spent fitting ``method`` on ``datasets`` (all splits), summed over fits."""
+    keys = {f"{d}/{method}" for d in datasets}
+    return sum(v.get("seconds", 0.0) for k, v in results["runs"].items() if k.rsplit("/", 1)[0] in keys)
+
+
+EXPERIMENT = UCI()

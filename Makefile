@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/ngvi: pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -r requirements-ci.txt
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[experiments,dev]"
 	@$(BIN)/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 'torch must stay 2.13.0, got ' + v)"
 	@touch $@
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import ngvi
-from ngvi.cli import main
+from ngvi.experiments.cli import main
 
 
 def test_bench_quick_writes_table_json_and_plot(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ngvi.cli import main
+from ngvi.experiments.cli import main
 
 
 def test_demo_quick_writes_png_table_and_resumes(tmp_path):

@@ -14,7 +14,7 @@ from torch import nn
 
 from conftest import data_dir
 from ngvi.baselines import BBVI
-from ngvi.cli import main
+from ngvi.experiments.cli import main
 from ngvi.experiments.core.report import bold_set, fmt_mean_se
 from ngvi.experiments.uci.experiment import STANDARD_SETS, fit_seconds, shipped_hparams
 from ngvi.experiments.uci.methods import METHODS

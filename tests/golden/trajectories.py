@@ -233,7 +233,7 @@ def case_id(name: str, kind: str, manual: bool) -> str:
 
 def run_uci(out: str, data_dir: str) -> None:
     """``ngvi {UCI_COMMAND}`` into ``out``."""
-    from ngvi.cli import main as cli
+    from ngvi.experiments.cli import main as cli
 
     if cli([*UCI_COMMAND.split(), "--data-dir", data_dir, "--out", out]):
         raise SystemExit("the golden UCI run failed")

@@ -1,0 +1,109 @@
+"""The ``ngvi`` command line: ``ngvi demo``, ``ngvi list``, ... (``ngvi <command> --help`` explains each).
+
+Every command either runs or exits with one line that says what is wrong and what to do: bad arguments
+(exit 2), a results folder that cannot be used (exit 2), a missing ``experiments`` extra (exit 2), Ctrl-C or
+SIGTERM (exit 130, with how to resume).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+from . import COMMANDS, command
+from .core.args import Parser, positive_int
+
+# The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"): the
+# library needs only torch and numpy, the experiments need these as well.
+EXPERIMENTS_EXTRA = frozenset({"scipy", "matplotlib", "tqdm", "optuna"})
+
+
+def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:
+    """The one-line error for ``ngvi <command>`` when ``err`` names a package of the experiments extra.
+
+    None for any other missing module (a bug or an optional tool, which the caller re-raises).
+    """
+    missing = (err.name or "").partition(".")[0]
+    if missing not in EXPERIMENTS_EXTRA:
+        return None
+    return (
+        f"ngvi {command}: error: this command needs the experiments extra: "
+        f'pip install "ngvi[experiments]" (missing: {missing})'
+    )
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="ngvi",
+        description="Natural-gradient variational inference for PyTorch: run the papers' experiments.",
+        epilog="Each command writes a results folder (results.json, table.md, PNG figures); reruns resume.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+    for name in COMMANDS:
+        try:
+            cmd = command(name)
+        except ModuleNotFoundError as err:
+            message = missing_extra_message(name, err)
+            if message is None:
+                raise
+            # still listed by `ngvi --help`; any use of it, --help included, prints the message (see main)
+            help_text = 'needs the experiments extra: pip install "ngvi[experiments]"'
+            sub.add_parser(name, help=help_text, add_help=False).set_defaults(missing_extra=message)
+            continue
+        sub_parser = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(sub_parser)
+        if getattr(cmd, "default_out", None):
+            _common_arguments(sub_parser, cmd)
+    return parser
+
+
+def _common_arguments(parser: Parser, experiment: Any) -> None:
+    out = experiment.default_out
+    parser.add_argument("--out", default=out, help=f"results folder (default: {out})")
+    if experiment.parallel:
+        parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default: 2)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .core.runner import Interrupted, run
+
+    parser = build_parser()
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        message = getattr(args, "missing_extra", None)
+        if message is None and unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as done:  # --help, or a bad argument (one line already printed)
+        return int(done.code or 0)
+    prog = f"ngvi {args.command}"
+    if message is None:
+        try:
+            cmd = command(args.command)
+            if hasattr(cmd, "run_job"):
+                missing = sorted(m for m in EXPERIMENTS_EXTRA if importlib.util.find_spec(m) is None)
+                if missing:  # say so before any work, not after the first fits
+                    raise ModuleNotFoundError(f"No module named {missing[0]!r}", name=missing[0])
+                run(cmd, args)
+            else:
+                cmd.main(args)
+        except ModuleNotFoundError as err:  # a package that the command imports only where it needs it
+            message = missing_extra_message(args.command, err)
+            if message is None:
+                raise
+        except Interrupted as err:
+            print(f"{prog}: {err}", file=sys.stderr)
+            return 130
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+        except (ValueError, OSError) as err:
+            message = f"{prog}: error: {err}"
+    if message is not None:
+        print(message, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""`import ngvi` needs only torch and numpy; the experiments' packages are an extra, and the CLI says so.
+
+The checks that matter run in a throw-away virtual environment that holds exactly ngvi's declared
+dependencies (pyproject's ``dependencies``) and what they require in turn: a ``--without-pip`` venv whose
+site-packages has one ``.pth`` file naming a folder of symlinks to those installed packages, plus this
+checkout's ``src``. Nothing is downloaded or installed, so it is offline and takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+import types
+import venv
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from ngvi.experiments import cli
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+# import names of the experiments extra (they equal the distribution names for these four)
+EXTRA = sorted(
+    canonicalize_name(Requirement(r).name) for r in PYPROJECT["optional-dependencies"]["experiments"]
+)
+EXTRA_LINE = 'error: this command needs the experiments extra: pip install "ngvi[experiments]" (missing: '
+
+
+def _installed_closure(requirements: list[str]) -> dict[str, importlib.metadata.Distribution]:
+    """The installed distributions ``requirements`` need, transitively (no extras, no other platforms)."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(requirements)
+    while todo:
+        req = Requirement(todo.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in found:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            assert req.name not in requirements, f"{req.name}, a dependency of ngvi, is not installed"
+            continue  # required on paper but absent here: torch imports without it
+        found[name] = dist
+        todo.extend(dist.requires or [])
+    return found
+
+
+def _link_top_levels(dist: importlib.metadata.Distribution, into: Path) -> None:
+    """Symlink each top-level entry ``dist`` put in site-packages (packages, modules, its dist-info)."""
+    assert dist.files is not None, f"{dist.metadata['Name']} lists no files (no RECORD)"
+    for top in sorted({f.parts[0] for f in dist.files}):
+        if top in ("..", "__pycache__") or top.endswith(".pth"):
+            continue  # console scripts, byte code of single-file modules, startup hooks
+        source = Path(dist.locate_file(top))
+        if source.exists() and not (into / top).exists():
+            (into / top).symlink_to(source)
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """A venv's python that sees only ngvi's dependencies (torch, numpy, theirs) and this checkout's src."""
+    root = tmp_path_factory.mktemp("bare")
+    dists = _installed_closure(PYPROJECT["dependencies"])
+    leaked = sorted(set(dists) & set(EXTRA))
+    assert not leaked, f"ngvi's dependencies pull in the experiments extra: {leaked}"
+    links = root / "links"
+    links.mkdir()
+    for dist in dists.values():
+        _link_top_levels(dist, links)
+    venv.create(root / "venv", with_pip=False, symlinks=True)  # = python -m venv --without-pip
+    site = (
+        root / "venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    )
+    assert site.is_dir()
+    (site / "ngvi_deps.pth").write_text(f"{links}\n{SRC}\n")
+    return root / "venv" / "bin" / "python"
+
+
+def _run(python: Path | str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    # -I: no PYTHONPATH, no user site, no current directory on sys.path; the .pth file is still read
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
+    return subprocess.run(
+        [str(python), "-I", *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+    )
+
+
+BARE_PROBE = f"""
+import sys
+import ngvi
+assert ngvi.__file__.startswith({str(SRC)!r}), ngvi.__file__
+loaded = sorted(m for m in sys.modules if m.partition(".")[0] in {EXTRA!r} or m.startswith("ngvi.exp"))
+assert not loaded, loaded
+for name in {EXTRA!r}:
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        continue
+    raise AssertionError(name + " is importable: the bare venv proves nothing")
+import numpy, torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+x, y = torch.randn(16, 3), torch.randn(16, 1)
+opt = ngvi.Vadam(model.parameters(), data_size=16, lr=0.1, prior_prec=1.0, init_prec=10.0, seed=0)
+
+def closure():
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y) / 2
+    loss.backward()
+    return loss
+
+before = model.weight.detach().clone()
+loss = opt.step(closure)
+post = opt.posterior()
+assert torch.isfinite(loss) and not torch.equal(model.weight, before)
+assert [m.shape for m in post.mean] == [p.shape for p in model.parameters()]
+assert all(torch.isfinite(v).all() and (v > 0).all() for v in post.variance)
+print("ok", len(sys.modules))
+"""
+
+
+def test_import_ngvi_and_train_with_only_torch_and_numpy(bare_python, tmp_path):
+    result = _run(bare_python, "-c", BARE_PROBE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["uci", "--datasets", "yacht", "--splits", "1"], ["demo"], ["bench", "--quick"]],
+    ids=" ".join,
+)
+def test_cli_without_the_extra_is_one_line_and_status_2(bare_python, tmp_path, argv):
+    result = _run(bare_python, "-m", "ngvi.experiments.cli", *argv, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    missing = lines[0].removeprefix(f"ngvi {argv[0]}: {EXTRA_LINE}").removesuffix(")")
+    assert missing in EXTRA, lines[0]
+
+
+def test_cli_help_without_the_extra_works(bare_python, tmp_path):
+    result = _run(bare_python, "-m", "ngvi.experiments.cli", "uci", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--datasets" in result.stdout
+
+
+def test_cli_help_without_the_extra_still_lists_every_command(bare_python, tmp_path):
+    result = _run(bare_python, "-m", "ngvi.experiments.cli", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert all(name in result.stdout for name in cli.COMMANDS)
+
+
+def test_import_ngvi_loads_no_experiment_package_where_all_are_installed(tmp_path):
+    """With the extra installed, `import ngvi` still leaves it alone (catches a module-level import of one).
+
+    tqdm is not checked here: torch.hub imports it itself whenever it is installed.
+    """
+    probe = f"""
+import sys
+sys.path.insert(0, {str(SRC)!r})
+import ngvi
+loaded = sorted(m for m in sys.modules
+                if m.partition(".")[0] in {sorted(set(EXTRA) - {"tqdm"})!r} or m.startswith("ngvi.exp"))
+assert not loaded, loaded
+import ngvi.experiments.cli  # the CLI starts without the heavy packages, too
+loaded = sorted(m for m in sys.modules if m.partition(".")[0] in {sorted(set(EXTRA) - {"tqdm"})!r})
+assert not loaded, loaded
+"""
+    result = _run(sys.executable, "-c", probe, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def _imports(tree: ast.AST, package: str, module_level_only: bool) -> list[tuple[int, str]]:
+    """(line, module) for every module an import statement in ``tree`` may load; optionally outside functions.
+
+    Relative imports are resolved against ``package``; ``from a import b`` yields both ``a`` and ``a.b``.
+    """
+    found = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = ".".join(
+                [*parts[: len(parts) - node.level + 1], node.module or ""] if node.level else [node.module]
+            )
+            base = base.rstrip(".")
+            found += [(node.lineno, base)] + [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+        if module_level_only and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_library_imports_point_one_way():
+    """Outside ngvi/experiments: no import of ngvi.experiments, and the extra's packages only in functions."""
+    library = [p for p in (SRC / "ngvi").rglob("*.py") if "experiments" not in p.relative_to(SRC).parts]
+    assert len(library) > 20
+    problems = []
+    for path in library:
+        tree = ast.parse(path.read_text(), str(path))
+        package = ".".join(path.relative_to(SRC).parts[:-1])  # the package a module (or __init__) is in
+        where = path.relative_to(REPO)
+        for line, module in _imports(tree, package, module_level_only=False):
+            if module == "ngvi.experiments" or module.startswith("ngvi.experiments."):
+                problems.append(f"{where}:{line} imports {module}")
+        for line, module in _imports(tree, package, module_level_only=True):
+            if module.partition(".")[0] in {*EXTRA, "rich"}:
+                problems.append(f"{where}:{line} imports {module} at import time")
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_cli_names_the_extra_when_a_command_imports_it_at_run_time(monkeypatch, capsys):
+    import ngvi.experiments as experiments
+
+    def needs(name: str, package: str) -> None:
+        module = types.ModuleType(f"ngvi.experiments.{name}")
+
+        def main(args):
+            raise ModuleNotFoundError(f"No module named '{package}'", name=package)
+
+        module.COMMAND = types.SimpleNamespace(
+            help=name, add_arguments=lambda parser: parser.add_argument("--out"), main=main
+        )
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        monkeypatch.setitem(experiments.COMMANDS, name.strip("_"), name)
+
+    needs("_plots", "matplotlib.pyplot")
+    needs("_compares", "ivon")  # an optional benchmark comparison, not part of the extra: a real error
+    assert cli.main(["plots", "--out", "x"]) == 2
+    assert capsys.readouterr().err == f"ngvi plots: {EXTRA_LINE}matplotlib)\n"
+    with pytest.raises(ModuleNotFoundError, match="ivon"):
+        cli.main(["compares"])
+
+
+def test_extra_matches_pyproject_and_the_library_needs_only_torch_and_numpy():
+    assert sorted(cli.EXPERIMENTS_EXTRA) == EXTRA
+    assert sorted(canonicalize_name(Requirement(r).name) for r in PYPROJECT["dependencies"]) == [
+        "numpy",
+        "torch",
+    ]
+    assert set(PYPROJECT["optional-dependencies"]) >= {"experiments", "dev"}

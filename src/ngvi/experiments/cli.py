@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
-        except (ValueError, OSError) as err:
-            message = f"{prog}: error: {err}"
+        except (ValueError, OSError) as err:  # the first line says what and what to do; details follow
+            text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            message = f"{prog}: error: {text.strip().splitlines()[0]}"
     if message is not None:
         print(message, file=sys.stderr)
         return 2

@@ -65,7 +65,8 @@ def train(
             xb, yb = x[idx], y[idx]
             if copies > 1:
                 xb, yb = xb.repeat(copies, *[1] * (xb.dim() - 1)), yb.repeat(copies, *[1] * (yb.dim() - 1))
-            losses.append(float(trainer.step(closure(model, trainer, loss_fn, xb, yb))))
+            loss = trainer.step(closure(model, trainer, loss_fn, xb, yb))
+            losses.append(float(loss.detach()) if isinstance(loss, Tensor) else float(loss))
             if progress is not None:
                 progress.update()
         if after_epoch is not None:

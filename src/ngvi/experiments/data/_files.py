@@ -75,8 +75,8 @@ def resolve_data_dir(data_dir: PathLike | None = None) -> Path:
         root, origin = Path(env).expanduser(), f"the environment variable {ENV_VAR}"
     if not root.is_dir():
         raise DataNotFoundError(
-            f"The data folder {str(root)!r} (from {origin}) does not exist or is not a folder.\n"
-            + _fix_hint("all", root)
+            f"The data folder {str(root)!r} (from {origin}) does not exist or is not a folder: pass "
+            f"--data-dir or set {ENV_VAR} to the folder holding MANIFEST.md.\n" + _fix_hint("all", root)
         )
     return root
 
@@ -143,9 +143,11 @@ def data_path(rel: str, data_dir: PathLike | None = None, *, verify: bool = True
     path = root / rel
     if not path.is_file():
         src = file_source(rel)
-        origin = "the data_dir argument" if data_dir is not None else f"${ENV_VAR}"
+        origin = "--data-dir / data_dir=" if data_dir is not None else f"${ENV_VAR}"
         lines = [
-            f"Data file {rel!r} ({src.dataset}) was not found.",
+            f"Data file {rel!r} ({src.dataset}) was not found in {root}: pass --data-dir or set {ENV_VAR} to "
+            "the ngvi data folder, or fetch it with "
+            f"`python -m ngvi.experiments.data.download {_group(rel)}`.",
             f"  expected at: {path}",
             f"  data folder searched: {root} (from {origin})",
             f"  upstream source: {src.page}",

@@ -64,13 +64,7 @@ class IVON(VariationalOptimizer):
             hess_init=hess_init,
             clip_radius=clip_radius,
         )
-        super().__init__(
-            params,
-            defaults,
-            mc_samples=mc_samples,
-            curvature=curvature,
-            **engine_kwargs,
-        )
+        super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
     def _check_group(self, group):
         check.data_size(group["data_size"])

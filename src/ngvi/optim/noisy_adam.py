@@ -57,13 +57,7 @@ class NoisyAdam(VariationalOptimizer):
         defaults = dict(
             data_size=data_size, lr=lr, betas=betas, prior_var=prior_var, kl_weight=kl_weight, damping=damping
         )
-        super().__init__(
-            params,
-            defaults,
-            mc_samples=mc_samples,
-            curvature=curvature,
-            **engine_kwargs,
-        )
+        super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
     def _check_group(self, group):
         check.data_size(group["data_size"])

@@ -53,13 +53,7 @@ class VadaGrad(VariationalOptimizer):
             )
         self.data_size = None if data_size is None else check.data_size(data_size)  # not used by the rule
         defaults = dict(lr=lr, beta=beta, init_prec=init_prec)
-        super().__init__(
-            params,
-            defaults,
-            mc_samples=mc_samples,
-            curvature=curvature,
-            **engine_kwargs,
-        )
+        super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
     def _check_group(self, group):
         check.nonnegative("lr", group["lr"])

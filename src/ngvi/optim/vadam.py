@@ -51,13 +51,7 @@ class Vadam(VariationalOptimizer):
         **engine_kwargs: Any,
     ):
         defaults = dict(data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=init_prec)
-        super().__init__(
-            params,
-            defaults,
-            mc_samples=mc_samples,
-            curvature=curvature,
-            **engine_kwargs,
-        )
+        super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
     def _check_group(self, group):
         check.prior_group(group)

@@ -40,13 +40,7 @@ class Vprop(VariationalOptimizer):
         **engine_kwargs: Any,
     ):
         defaults = dict(data_size=data_size, lr=lr, beta=beta, prior_prec=prior_prec, init_prec=init_prec)
-        super().__init__(
-            params,
-            defaults,
-            mc_samples=mc_samples,
-            curvature=curvature,
-            **engine_kwargs,
-        )
+        super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
     def _check_group(self, group):
         check.prior_group(group)

@@ -74,7 +74,7 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
                 if values:
                     mean, se, n = mean_se(values.values())
                     cell = fmt_mean_se(mean, se) + (
-                        "" if n >= 20 or d == "protein-tertiary-structure" else f" ({n})"
+                        "" if n >= 20 or n < 2 or d == "protein-tertiary-structure" else f" ({n})"
                     )
                     row.append(f"**{cell}**" if m in bold else cell)
                 else:
@@ -84,7 +84,7 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
                     row.append(f"{pub[0]:.{DECIMALS[src]}f} ± {pub[1]:.{DECIMALS[src]}f}" if pub else "—")
             rows.append(row)
         sections.append(f"## {title}\n\n" + markdown_table(columns, rows))
-    sections.append(BOLD_LEGEND + " The number in brackets is the count of splits where it is not all.\n")
+    sections.append(BOLD_LEGEND + " (n): the mean of n splits where not all ran; no s.e.: a single split.\n")
     sections.append(diverged(results, datasets, methods))
     sections.append(comparison(results, datasets, methods))
     return "\n".join(sections)

@@ -103,7 +103,7 @@ def ivon_update_(
     bias1: Nums,
     clip_radius: Num | None = None,
 ) -> None:
-    r"""IVON (Shen et al. 2024, Alg. 1, as in DESIGN.md), in place on m, ḡ, h:
+    r"""IVON (Shen et al. 2024, Alg. 1, as in docs/NOTATION.md), in place on m, ḡ, h:
 
     .. math::
         \bar g &\leftarrow \beta_1\bar g + (1-\beta_1)\hat g \\

@@ -1,10 +1,11 @@
 """Drawing a posterior sample into the parameters, and the hot path for diagonal posteriors.
 
-:func:`draw` saves μ, asks the noise source for ε and has the rule's ``_perturb`` form θ. For diagonal
-posteriors :func:`perturb_diagonal` does so in place, in slices, bitwise the plain way: μ is saved once per
-sample; the precision is computed once per slice of at most a quarter of the parameters (its square root is
-kept when the curvature reads ε, as Price's ĝ⊙ε/σ does); ε is drawn straight into the parameter when nothing
-reads it later, so no noise buffer is kept.
+:func:`draw` keeps μ where it is, in the parameters' own tensors, and rebinds each parameter to a new tensor
+that holds θ (``p.data = θ``); restoring μ rebinds it back, so neither saving nor restoring μ copies anything.
+For diagonal posteriors :func:`perturb_diagonal` forms θ in slices, bitwise the plain way: the precision is
+computed once per slice of at most a quarter of the parameters (its square root is kept when the curvature
+reads ε, as Price's ĝ⊙ε/σ does); ε is drawn straight into θ's tensor when nothing reads it later, so no noise
+buffer is kept. Other rules' ``_perturb`` perturbs a copy of μ in place.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from . import functional as F
 
 @torch.no_grad()
 def draw(opt: Any, train: bool) -> None:
-    """Put θ ~ q into every trainable parameter of ``opt``, saving μ in ``opt._means``. On any error the
-    parameters, the saved means and the noise source are as before the call."""
+    """Put θ ~ q into every trainable parameter of ``opt``, keeping μ's tensors in ``opt._means``. On any
+    error the parameters, the saved means and the noise source are as before the call."""
     noise = opt.noise_source
     checkpoint = noise.checkpoint()
     done: list[Tensor] = []
@@ -32,14 +33,15 @@ def draw(opt: Any, train: bool) -> None:
             if not params:
                 continue
             states = [opt.state_of(group, p) for p in params]
-            means = [torch.empty_like(p, memory_format=torch.preserve_format) for p in params]
-            torch._foreach_copy_(means, [p.detach() for p in params])
+            means = [p.detach() for p in params]  # μ stays in these tensors; the parameters are rebound
             for p, mean in zip(params, means, strict=True):
                 opt._means[p] = mean
                 done.append(p)
             if opt.diagonal_perturb:
                 perturb_diagonal(opt, group, params, means, states, reuse)
                 continue
+            for p, mean in zip(params, means, strict=True):
+                p.data = mean.clone(memory_format=torch.preserve_format)
             keep = [i for i, p in enumerate(params) if not opt.unsampled(p, train)]
             eps = [noise.draw(params[i], reuse) for i in keep]
             for p in params:  # parameters sampled elsewhere keep μ and get ε = 0 (no draw)
@@ -51,7 +53,7 @@ def draw(opt: Any, train: bool) -> None:
         noise.end_draw(reuse)
     except BaseException:
         for p in done:
-            p.copy_(opt._means.pop(p))
+            p.data = opt._means.pop(p)
         opt._sqrt_prec.clear()
         noise.rollback(checkpoint)
         if noise.mode == "antithetic":  # some buffers may have been flipped: redraw the pair's ε
@@ -67,9 +69,9 @@ def perturb_diagonal(
     states: list[dict],
     reuse: bool,
 ) -> None:
-    """θ = μ + ε/√precision for ``params`` (holding μ on entry, saved in ``means``), with one precision pass
-    and no spare copies. Without a kept noise buffer ε is drawn into the parameter and
-    ``torch.addcmul(μ, ε, σ, out=p)`` forms θ: the kernel and operand order of ``p.addcmul_(ε, σ)``, so the
+    """θ = μ + ε/√precision for ``params`` (holding μ on entry, in the tensors ``means``), with one precision
+    pass, each parameter then rebound to its θ. Without a kept noise buffer ε is drawn into θ's tensor and
+    ``torch.addcmul(μ, ε, σ, out=θ)`` forms θ: the kernel and operand order of ``p.addcmul_(ε, σ)``, so the
     result is bitwise that of ``VariationalOptimizer._perturb``."""
     noise = opt.noise_source
     fused = opt.compile and hasattr(opt, "_precision_core")  # one compiled loop: precision → √ → 1/√
@@ -86,12 +88,15 @@ def perturb_diagonal(
         if opt.needs_noise:  # the curvature reads ĝ⊙ε·√precision: keep √precision for this sample
             opt._sqrt_prec.update(zip(params[part], sqrt_prec, strict=True))
         if noise.keep:
-            eps = TensorList(noise.draw(p, reuse) for p in params[part])
-            TensorList(p.detach() for p in params[part]).addcmul_(eps, sigma)
+            eps = [noise.draw(p, reuse) for p in params[part]]
+            for p, theta in zip(
+                params[part], torch._foreach_addcmul(means[part], eps, list(sigma)), strict=True
+            ):
+                p.data = theta
             continue
         for p, mean, s in zip(params[part], means[part], sigma, strict=True):
-            eps = noise.into(p.detach())
-            torch.addcmul(mean, eps, s, out=eps)
+            theta = noise.into(torch.empty_like(mean, memory_format=torch.preserve_format))
+            p.data = torch.addcmul(mean, theta, s, out=theta)
 
 
 def slices(params: list[Tensor], elementwise: bool) -> list[slice]:

@@ -247,10 +247,9 @@ class VariationalOptimizer(Optimizer):
 
     @torch.no_grad()
     def _restore(self) -> None:
-        params = list(self._means)
-        if params:
-            torch._foreach_copy_([p.detach() for p in params], [self._means[p] for p in params])
-        self._means.clear()  # freed until the next draw: the update's temporaries can use the memory
+        for p, mean in self._means.items():  # μ never left its tensors: rebind (see _perturbation)
+            p.data = mean
+        self._means.clear()  # θ's tensors are freed: the update's temporaries can use the memory
 
     # -- backward, accumulation and the step --------------------------------------------------------------
     def backward(self, loss: Tensor, output: Tensor | None = None) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -164,6 +164,37 @@ def _factory(cls: type, **hyper: Any) -> Callable[..., Any]:
     return lambda params, **kw: cls(params, **{**hyper, **kw})
 
 
+def with_true_fisher(likelihood: str, *args: Any, **kwargs: Any) -> tuple[TrainerInfo, TrainerInfo]:
+    """The entry ``TrainerInfo(*args, **kwargs)`` (empirical Fisher) and its true-Fisher variant: the same
+    hyperparameters with ``curvature="fisher"``, targets sampled from ``likelihood``, and a closure that
+    returns ``(loss, output)``."""
+    info = TrainerInfo(*args, **kwargs)
+    fisher = {"curvature": "fisher", "likelihood": likelihood}
+    return info, replace(
+        info,
+        name=f"{info.name}_fisher",
+        factory=lambda params, **kw: info.factory(params, **{**fisher, **kw}),
+        closure_style="output",
+        bad_arguments=(),
+    )
+
+
+#: trainers that hook the model's layers: they take the model, keep it in one group, and run on the conv net
+HOOKS_LAYERS: dict[str, Any] = dict(problem=CLASSIFICATION, takes_model=True, add_param_group=False)
+
+#: the baselines that are torch.optim.Adam underneath (MAP, MC dropout): no engine, no Gaussian posterior
+ADAM: dict[str, Any] = dict(
+    engine=False,
+    manual_form="adam",
+    posterior=None,
+    bad_arguments=(
+        ({"data_size": float("nan")}, "data_size must be a positive int"),
+        ({"prior_prec": -1.0}, "prior_prec must be >= 0, got -1.0"),
+        ({"betas": (0.9, 1.5)}, r"betas\[1\] must lie in \[0, 1\), got 1.5"),
+        ({"eps": 0.0}, "eps must be > 0, got 0.0"),
+    ),
+)
+
 TRAINERS: list[TrainerInfo] = [
     TrainerInfo(
         "vadam",
@@ -175,6 +206,8 @@ TRAINERS: list[TrainerInfo] = [
             ({"prior_prec": 0.0}, "prior_prec must be > 0, got 0.0"),
             ({"prior_prec": 2.0, "init_prec": 1.0}, r"init_prec \(1.0\) must be >= prior_prec \(2.0\)"),
             ({"data_size": "many"}, "data_size must be a positive int"),
+            ({"data_size": -3}, "data_size must be a positive int"),
+            ({"data_size": True}, "data_size must be a positive int"),
             ({"seed": 1.5}, "seed must be an int or None, got 1.5"),
         ),
     ),
@@ -200,7 +233,8 @@ TRAINERS: list[TrainerInfo] = [
         _factory(ngvi.VON, data_size=N, lr=1e-2, beta=0.05, init_prec=50.0),
         bad_arguments=(
             ({"beta": 2.0}, r"beta must lie in \[0, 1\], got 2.0"),
-            ({"curvature": "exact"}, "curvature"),
+            ({"curvature": "exact"}, r"curvature must be one of \('price', 'hutchinson'\)"),
+            ({"hessian": "exact"}, r"hessian must be one of \('price', 'hutchinson'\)"),
         ),
     ),
     TrainerInfo(
@@ -209,37 +243,18 @@ TRAINERS: list[TrainerInfo] = [
         _factory(ngvi.VON, data_size=N, lr=1e-2, beta=0.05, init_prec=50.0, curvature="hutchinson"),
         closure_style="create_graph",
     ),
-    TrainerInfo(
+    *with_true_fisher(
+        "categorical",
         "vogn",
         ngvi.VOGN,
         _factory(ngvi.VOGN, data_size=N, lr=0.05, beta=0.1, momentum=0.5, init_prec=10.0),
-        problem=CLASSIFICATION,
-        takes_model=True,
-        add_param_group=False,
+        **HOOKS_LAYERS,
         bad_arguments=(
             ({"beta": 1.5}, r"beta must lie in \[0, 1\], got 1.5"),
             ({"momentum": 1.0}, r"momentum must lie in \[0, 1\), got 1.0"),
             ({"prior_prec": 0.0}, "prior_prec must be > 0, got 0.0"),
             ({"init_prec": 0.5, "prior_prec": 1.0}, r"init_prec \(0.5\) must be >= prior_prec \(1.0\)"),
         ),
-    ),
-    TrainerInfo(
-        "vogn_fisher",
-        ngvi.VOGN,
-        _factory(
-            ngvi.VOGN,
-            data_size=N,
-            lr=0.05,
-            beta=0.1,
-            momentum=0.5,
-            init_prec=10.0,
-            curvature="fisher",
-            likelihood="categorical",
-        ),
-        problem=CLASSIFICATION,
-        takes_model=True,
-        add_param_group=False,
-        closure_style="output",
     ),
     TrainerInfo(
         "ivon",
@@ -262,13 +277,12 @@ TRAINERS: list[TrainerInfo] = [
             ({"damping": -1.0}, "damping must be >= 0, got -1.0"),
         ),
     ),
-    TrainerInfo(
+    *with_true_fisher(
+        "categorical",
         "noisy_kfac",
         ngvi.NoisyKFAC,
         _factory(ngvi.NoisyKFAC, data_size=N, lr=0.05, momentum=0.5, stats_every=2, inv_every=3),
-        problem=CLASSIFICATION,
-        takes_model=True,
-        add_param_group=False,
+        **HOOKS_LAYERS,
         posterior="kronecker",
         bad_arguments=(
             ({"beta": 0.0}, r"beta must lie in \(0, 1\], got 0.0"),
@@ -280,25 +294,6 @@ TRAINERS: list[TrainerInfo] = [
             ({"inv_every": 1.5}, "inv_every must be a positive int, got 1.5"),
             ({"curvature": "fisher"}, "needs likelihood="),
         ),
-    ),
-    TrainerInfo(
-        "noisy_kfac_fisher",
-        ngvi.NoisyKFAC,
-        _factory(
-            ngvi.NoisyKFAC,
-            data_size=N,
-            lr=0.05,
-            momentum=0.5,
-            stats_every=2,
-            inv_every=3,
-            curvature="fisher",
-            likelihood="categorical",
-        ),
-        problem=CLASSIFICATION,
-        takes_model=True,
-        add_param_group=False,
-        closure_style="output",
-        posterior="kronecker",
     ),
     TrainerInfo(
         "badam",
@@ -333,32 +328,17 @@ TRAINERS: list[TrainerInfo] = [
         _factory(MCDropout, data_size=N, lr=1e-2),
         problem=DROPOUT_REGRESSION,
         takes_model=True,
-        engine=False,
-        manual_form="adam",
+        **ADAM,
         global_rng=True,
-        posterior=None,
         no_posterior="a mixture over dropout masks, not a Gaussian",
-        bad_arguments=(
-            ({"prior_prec": -1.0}, "prior_prec must be >= 0, got -1.0"),
-            ({"betas": (0.9, 1.5)}, r"betas\[1\] must lie in \[0, 1\), got 1.5"),
-            ({"eps": 0.0}, "eps must be > 0, got 0.0"),
-        ),
     ),
     TrainerInfo(
         "map",
         MAP,
         _factory(MAP, data_size=N, lr=1e-2),
-        engine=False,
+        **ADAM,
         mc_samples=False,
-        manual_form="adam",
-        posterior=None,
         no_posterior="is a point estimate and has no posterior distribution",
-        bad_arguments=(
-            ({"data_size": float("nan")}, "data_size must be a positive int"),
-            ({"prior_prec": -1.0}, "prior_prec must be >= 0, got -1.0"),
-            ({"betas": (0.9, 1.5)}, r"betas\[1\] must lie in \[0, 1\), got 1.5"),
-            ({"eps": 0.0}, "eps must be > 0, got 0.0"),
-        ),
     ),
 ]
 

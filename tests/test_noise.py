@@ -12,11 +12,8 @@ import pytest
 import torch
 
 import ngvi
-from conftest import build, make_closure, make_mlp, regression_batch, train
-
-
-def params_of(model):
-    return [p.detach().clone() for p in model.parameters()]
+from conftest import make_mlp
+from optimizer_db import BY_NAME, params_of
 
 
 def draw(model, opt):
@@ -27,7 +24,7 @@ def draw(model, opt):
 @pytest.mark.parametrize("name", ["vadam", "ivon", "von_price", "noisy_adam"])
 def test_antithetic_pairs_mirror_the_first_draw_and_cost_one_draw(name):
     model = make_mlp()
-    opt, _ = build(name, model, noise="antithetic", seed=5)
+    opt = BY_NAME[name].build(model, noise="antithetic", seed=5)
     mean = params_of(model)
     first, second = draw(model, opt), draw(model, opt)
     third = draw(model, opt)
@@ -35,7 +32,7 @@ def test_antithetic_pairs_mirror_the_first_draw_and_cost_one_draw(name):
         torch.testing.assert_close(b - m, -(a - m), rtol=1e-12, atol=1e-15)
     # a pair consumes one draw of the generator: the third sample is the plain stream's second
     model_plain = make_mlp()
-    plain, _ = build(name, model_plain, seed=5)
+    plain = BY_NAME[name].build(model_plain, seed=5)
     draw(model_plain, plain)
     assert all(torch.equal(a, b) for a, b in zip(third, draw(model_plain, plain), strict=True))
 
@@ -43,42 +40,44 @@ def test_antithetic_pairs_mirror_the_first_draw_and_cost_one_draw(name):
 @pytest.mark.parametrize("name", ["vadam", "ivon"])
 @pytest.mark.parametrize("split", [2, 3])  # a checkpoint between pairs and in the middle of one
 def test_antithetic_resume_is_bit_identical(name, split):
+    info = BY_NAME[name]
     model = make_mlp()
-    opt, _ = build(name, model, noise="antithetic")
-    train(model, opt, 6)
+    opt = info.build(model, noise="antithetic")
+    info.train(model, opt, 6)
     straight = params_of(model)
 
     model = make_mlp()
-    opt, _ = build(name, model, noise="antithetic")
-    train(model, opt, split)
+    opt = info.build(model, noise="antithetic")
+    info.train(model, opt, split)
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
     buf.seek(0)
     ckpt = torch.load(buf, weights_only=True)
     model2 = make_mlp(seed=9)
-    opt2, _ = build(name, model2, noise="antithetic", seed=1)
+    opt2 = info.build(model2, noise="antithetic", seed=1)
     model2.load_state_dict(ckpt["model"])
     opt2.load_state_dict(ckpt["opt"])
-    train(model2, opt2, 6 - split)
+    info.train(model2, opt2, 6 - split)
     assert all(torch.equal(a, b) for a, b in zip(params_of(model2), straight, strict=True))
 
 
 def test_antithetic_copies_and_failed_steps_continue_the_pair():
+    info = BY_NAME["ivon"]
     model = make_mlp()
-    opt, _ = build("ivon", model, noise="antithetic", mc_samples=1)
-    train(model, opt, 3)  # mid pair
+    opt = info.build(model, noise="antithetic", mc_samples=1)
+    info.train(model, opt, 3)  # mid pair
     twin_model, twin = copy.deepcopy((model, opt))
     pkl_model, pkl = pickle.loads(pickle.dumps((model, opt)))
-    x, y = regression_batch()
+    closure = info.closure(opt, model, *info.batch())
 
     def failing():
-        make_closure(model, opt, x, y)()
+        closure()
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         opt.step(failing)  # uses −ε, then is discarded: the pair must be as before
     for m, o in [(model, opt), (twin_model, twin), (pkl_model, pkl)]:
-        train(m, o, 3)
+        info.train(m, o, 3)
     assert all(torch.equal(a, b) for a, b in zip(params_of(model), params_of(twin_model), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(params_of(model), params_of(pkl_model), strict=True))
 
@@ -103,7 +102,7 @@ def test_noise_dtype_draws_float32_for_float64_parameters():
     for m, s in zip(mean, sample, strict=True):
         eps = torch.empty(m.shape, dtype=torch.float32).normal_(generator=gen).double()
         torch.testing.assert_close(s, m + sigma * eps, rtol=1e-12, atol=1e-15)
-    train(model, opt, 3)  # and it trains, with its state in the parameters' dtype
+    BY_NAME["vadam"].train(model, opt, 3)  # and it trains, with its state in the parameters' dtype
     assert all(
         v.dtype == torch.float64 for st in opt.state.values() for v in st.values() if torch.is_tensor(v)
     )
@@ -126,7 +125,7 @@ def test_rank_noise_is_inert_in_a_single_process():
     runs = []
     for rank_noise in ("shared", "independent"):
         model = make_mlp()
-        opt, _ = build("vadam", model, rank_noise=rank_noise, seed=4)
-        train(model, opt, 3)
+        opt = BY_NAME["vadam"].build(model, rank_noise=rank_noise, seed=4)
+        BY_NAME["vadam"].train(model, opt, 3)
         runs.append(params_of(model))
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))

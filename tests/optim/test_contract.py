@@ -11,7 +11,10 @@ from torch import nn
 import ngvi
 from optimizer_db import BAD_ARGUMENTS, TRAINERS, assert_same, params_of, trainers
 
-pytestmark = pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True"),
+    pytest.mark.filterwarnings("ignore:hessian= is deprecated:DeprecationWarning"),
+]
 
 
 # ------------------------------------------------------------------------------------------------------------

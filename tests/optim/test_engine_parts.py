@@ -1,5 +1,5 @@
 """The engine's parts on their own: the noise source, the sample accumulator, sample-scope plugins, and the
-engine's refusals (nested samples, a closure without backward, a fractional data size, renamed keywords)."""
+engine's vocabulary (renamed keywords, aliases)."""
 
 from __future__ import annotations
 
@@ -169,53 +169,7 @@ def test_plugins_are_entered_after_the_draw_and_left_after_accumulation():
                                ("enter", False, True), ("exit", 0)]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda m: ngvi.Vadam(m.parameters(), 10),
-        lambda m: ngvi.VOGN(m, 10),
-        lambda m: ngvi.baselines.BBVI(m, 10),
-    ],
-    ids=["vadam", "vogn-hooks", "bbvi-local-trick"],
-)
-def test_samples_cannot_be_nested_whatever_the_plugins(build):
-    model = nn.Sequential(nn.Linear(3, 2))
-    opt = build(model)
-    before = [p.detach().clone() for p in model.parameters()]
-    with opt.sampled_params(train=True), pytest.raises(RuntimeError, match="cannot be nested"):
-        opt.sampled_params().__enter__()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
-
-
-# -- the engine's refusals ---------------------------------------------------------------------------
-def test_a_closure_without_backward_is_refused_and_changes_nothing():
-    model = nn.Linear(3, 1)
-    opt = ngvi.Vadam(model.parameters(), 10, seed=0)
-    x = torch.randn(4, 3)
-
-    def closure(backward: bool = True):
-        opt.zero_grad()
-        loss = model(x).square().mean()
-        if backward:
-            loss.backward()
-        return loss
-
-    opt.step(closure)
-    rng, weights = opt.noise_source.rng_state()["cpu"], [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(RuntimeError, match="no parameter has a gradient"):
-        opt.step(lambda: closure(backward=False))
-    assert opt.num_steps == 1 and opt.num_draws == 1
-    assert torch.equal(opt.noise_source.rng_state()["cpu"], rng)
-    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
-
-
-def test_data_size_must_be_a_whole_number():
-    for bad in (64.5, 0, -3, True, "64"):
-        with pytest.raises(ValueError, match="data_size"):
-            ngvi.Vadam(nn.Linear(2, 1).parameters(), bad)
-    ngvi.Vadam(nn.Linear(2, 1).parameters(), torch.tensor(64).item())
-
-
+# -- the engine's vocabulary ------------------------------------------------------------------------
 def test_old_keyword_spellings_warn_and_keep_working():
     model = nn.Linear(2, 1)
     with pytest.warns(DeprecationWarning, match="hessian= is deprecated"):

@@ -301,7 +301,10 @@ TRAINERS: list[TrainerInfo] = [
         _factory(ngvi.BAdam, data_size=N, lr=1e-2, prior_prec=1.0),
         mc_samples=False,
         manual_form="mean",
-        bad_arguments=(({"eps": 0.0}, "eps must be > 0, got 0.0"),),
+        bad_arguments=(
+            ({"eps": 0.0}, "eps must be > 0, got 0.0"),
+            ({"mc_samples": 2}, "takes its gradient at the mean .*mc_samples must be 1, got 2"),
+        ),
     ),
     TrainerInfo(
         "bbvi",
@@ -336,7 +339,13 @@ TRAINERS: list[TrainerInfo] = [
         "map",
         MAP,
         _factory(MAP, data_size=N, lr=1e-2),
-        **ADAM,
+        **{
+            **ADAM,
+            "bad_arguments": (
+                *ADAM["bad_arguments"],
+                ({"mc_samples": 2}, "is a point estimate: .*mc_samples must be 1, got 2"),
+            ),
+        },
         mc_samples=False,
         no_posterior="is a point estimate and has no posterior distribution",
     ),

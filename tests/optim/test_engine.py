@@ -1,7 +1,11 @@
-"""The engine's behaviour beyond the guarantees every trainer shares (tests/optim/test_guarantees.py): what a
-non-finite gradient's message names, call order, per-group priors, schedulers, Hutchinson across groups."""
+"""The engine beyond the guarantees every trainer shares (tests/optim/test_guarantees.py): what a non-finite
+gradient's message names, call order, per-group priors, schedulers, Hutchinson across groups; its parts on
+their own (the sample accumulator, sample-scope plugins); and its vocabulary (renamed keywords, aliases).
+The noise source is tested in test_noise.py."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -9,6 +13,7 @@ from torch import nn
 
 import ngvi
 from conftest import make_mlp, regression_batch
+from ngvi.optim._accumulator import SampleAccumulator
 from optimizer_db import BY_NAME, assert_same, params_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
@@ -125,3 +130,156 @@ def test_hutchinson_with_several_parameter_groups():
             opt.step(closure)
         runs.append(params_of(left) + params_of(right))
     assert_same(runs[0], runs[1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The sample accumulator
+# ---------------------------------------------------------------------------------------------------
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))
+
+
+def test_accumulator_means_are_the_sample_means():
+    model = _Model()
+    opt = ngvi.Vadam(model.parameters(), 10, seed=0)
+    acc = SampleAccumulator()
+    grads = [torch.randn(3), torch.randn(3), torch.randn(3)]
+    for g in grads:
+        model.a.grad, model.b.grad = g.clone(), None  # b has no gradient: it is not accumulated
+        acc.add_sample(opt, keep_grad_refs=False)
+    (sums,) = acc.sums(opt.param_groups)
+    assert sums.params == [model.a] and acc.count == 3
+    acc.mean_([sums])
+    torch.testing.assert_close(sums.grads[0], torch.stack(grads).mean(0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(sums.curvs[0], torch.stack(grads).square().mean(0), rtol=0, atol=1e-6)
+
+
+def test_accumulator_keeps_the_first_gradient_by_reference_only_when_asked():
+    model = _Model()
+    opt = ngvi.Vadam(model.parameters(), 10, seed=0)
+    for keep in (True, False):
+        acc = SampleAccumulator()
+        model.a.grad, model.b.grad = torch.ones(3), torch.ones(2)
+        acc.add_sample(opt, keep_grad_refs=keep)
+        assert (acc.grads[model.a].data_ptr() == model.a.grad.data_ptr()) == keep  # a view of p.grad
+
+
+def test_accumulator_names_the_nonfinite_parameter():
+    model = _Model()
+    opt = ngvi.Vadam(model.parameters(), 10, seed=0)
+    acc = SampleAccumulator()
+    model.a.grad, model.b.grad = torch.ones(3), torch.tensor([1.0, float("inf")])
+    acc.add_sample(opt, keep_grad_refs=False)
+    sums = acc.sums(opt.param_groups)
+    assert not acc.all_finite(sums, torch.tensor(1.0))
+    assert acc.nonfinite_places(sums, opt.param_groups) == ["param_groups[0]['params'][1] (shape (2,))"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plugins
+# ---------------------------------------------------------------------------------------------------
+class Recorder:
+    """A sample-scope plugin that records what it sees."""
+
+    def __init__(self, model: nn.Module, opt_ref: list):
+        self.model, self.opt_ref, self.events = model, opt_ref, []
+
+    @contextlib.contextmanager
+    def scope(self, *, train: bool):
+        weight = self.model.weight.detach().clone()
+        mean = self.opt_ref[0].mean_of(self.model.weight).clone()
+        self.events.append(("enter", train, not torch.equal(weight, mean)))  # entered after the draw
+        try:
+            yield
+        finally:
+            pending = self.opt_ref[0].accumulator.count
+            self.events.append(("exit", pending))
+
+
+def test_plugins_are_entered_after_the_draw_and_left_after_accumulation():
+    model = nn.Linear(3, 1)
+    ref: list = []
+    recorder = Recorder(model, ref)
+    opt = ngvi.Vadam(model.parameters(), 10, init_prec=20.0, mc_samples=2, seed=0)
+    opt.plugins = (*opt.plugins, recorder)
+    ref.append(opt)
+    x = torch.randn(4, 3)
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with opt.sampled_params():
+        pass
+    # two training samples (each sample is accumulated before the plugin exits), then one prediction
+    assert recorder.events == [("enter", True, True), ("exit", 1), ("enter", True, True), ("exit", 2),
+                               ("enter", False, True), ("exit", 0)]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# The vocabulary
+# ---------------------------------------------------------------------------------------------------
+def test_old_keyword_spellings_warn_and_keep_working():
+    model = nn.Linear(2, 1)
+    with pytest.warns(DeprecationWarning, match="hessian= is deprecated"):
+        opt = ngvi.VON(model.parameters(), 10, hessian="hutchinson")
+    assert opt.curvature == "hutchinson" and opt.hessian == "hutchinson"
+    with pytest.raises(ValueError, match="not both"):
+        ngvi.VON(model.parameters(), 10, curvature="price", hessian="price")
+    with pytest.raises(ValueError, match=r"beta=0\.001"):  # the old decay meaning of Vprop's beta
+        ngvi.Vprop(model.parameters(), 10, beta=0.999)
+
+
+def test_vocabulary_aliases_are_the_same_optimizer():
+    """prior_prec everywhere: NoisyAdam's prior_var = 1/prior_prec, IVON's weight_decay = prior_prec/N
+    (values chosen exactly representable, so the trajectories agree bitwise)."""
+    x = torch.randn(8, 2)
+
+    def run(make):
+        torch.manual_seed(0)
+        model = nn.Linear(2, 1)
+        opt = make(model)
+
+        def closure():
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            opt.backward(loss)
+            return loss
+
+        for _ in range(3):
+            opt.step(closure)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    pairs = [
+        (lambda m: ngvi.NoisyAdam(m.parameters(), 16, prior_var=0.25, seed=0),
+         lambda m: ngvi.NoisyAdam(m.parameters(), 16, prior_prec=4.0, seed=0)),
+        (lambda m: ngvi.NoisyKFAC(m, 16, prior_var=0.5, seed=0),
+         lambda m: ngvi.NoisyKFAC(m, 16, prior_prec=2.0, seed=0)),
+        (lambda m: ngvi.IVON(m.parameters(), 16, weight_decay=0.125, seed=0),
+         lambda m: ngvi.IVON(m.parameters(), 16, prior_prec=2.0, seed=0)),
+    ]  # fmt: skip
+    for paper_name, shared_name in pairs:
+        assert torch.equal(run(paper_name), run(shared_name))
+
+
+def test_every_optimizer_accepts_the_shared_vocabulary():
+    model = nn.Linear(2, 1)
+    for make in (
+        lambda: ngvi.Vadam(model.parameters(), 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.Vprop(model.parameters(), 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.VON(model.parameters(), 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.IVON(model.parameters(), 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.NoisyAdam(model.parameters(), 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.BAdam(model.parameters(), 8, prior_prec=2.0, mc_samples=1),
+        lambda: ngvi.VadaGrad(model.parameters(), data_size=8, prior_prec=0.0, mc_samples=2),
+        lambda: ngvi.VOGN(model, 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.NoisyKFAC(model, 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.baselines.BBVI(model, 8, prior_prec=2.0, mc_samples=2),
+        lambda: ngvi.baselines.MAP(model, 8, prior_prec=2.0, mc_samples=1),
+    ):
+        assert isinstance(make(), ngvi.PosteriorOptimizer)

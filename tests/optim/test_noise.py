@@ -1,4 +1,5 @@
-"""The engine's opt-in noise options: antithetic pairs and a cheaper noise dtype (the default stream is
+"""The noise ε: the NoiseSource on its own (the seeded stream, rollback, pairs, its state), and the engine's
+opt-in noise options, antithetic pairs and a cheaper noise dtype (the default stream through the rules is
 pinned by test_transcription.py)."""
 
 from __future__ import annotations
@@ -13,9 +14,64 @@ import torch
 
 import ngvi
 from conftest import make_mlp
+from ngvi.optim._noise import NoiseSource
 from optimizer_db import BY_NAME, params_of
 
 
+def zeros(*shapes, dtype=torch.float64):
+    return [torch.zeros(s, dtype=dtype) for s in shapes]
+
+
+# -- NoiseSource on its own ----------------------------------------------------------------------------
+def test_noise_is_the_seeded_standard_normal_stream():
+    ps = zeros((3, 4), (5,))
+    source = NoiseSource(7, "normal", None, "shared", keep=False)
+    gen = torch.Generator().manual_seed(7)
+    for p in ps:  # parameter by parameter, in order, from one generator seeded with the seed
+        assert torch.equal(source.fresh(p), torch.empty_like(p).normal_(generator=gen))
+    a, b = NoiseSource(7, "normal", None, "shared", True), NoiseSource(7, "normal", None, "shared", True)
+    assert torch.equal(a.into(ps[0].clone()), b.fresh(ps[0]))  # drawing into p is the same draw
+
+
+def test_rollback_restores_the_stream_and_the_draw_count():
+    p = zeros((100,))[0]
+    source = NoiseSource(3, "normal", None, "shared", keep=False)
+    source.fresh(p)
+    checkpoint = source.checkpoint()
+    source.begin_draw([p])
+    discarded = source.fresh(p).clone()
+    source.end_draw(False)
+    assert source.num_draws == 1
+    source.rollback(checkpoint)
+    assert source.num_draws == 0 and torch.equal(source.fresh(p), discarded)
+
+
+def test_antithetic_pairs_negate_and_survive_pickling_mid_pair():
+    p = zeros((50,))[0]
+    source = NoiseSource(11, "antithetic", None, "shared", keep=False)
+    assert source.keep  # the pair's ε is kept for its second half
+    reuse = source.begin_draw([p])
+    first = source.draw(p, reuse).clone()
+    source.end_draw(reuse)
+    copy = pickle.loads(pickle.dumps(source))  # mid pair: the buffer is not pickled, it is redrawn
+    copy.redraw_pair([p])
+    for s in (source, copy):
+        reuse = s.begin_draw([p])
+        assert reuse and torch.equal(s.draw(p, reuse), -first)
+        s.end_draw(reuse)
+        assert s.pair_start is None
+
+
+def test_noise_state_dict_round_trip():
+    p = zeros((20,))[0]
+    source = NoiseSource(5, "normal", None, "shared", keep=False)
+    source.fresh(p)
+    restored = NoiseSource(0, "normal", None, "shared", keep=False)
+    restored.load_state_dict(source.state_dict(), [p])
+    assert restored.seed == 5 and torch.equal(restored.fresh(p), source.fresh(p))
+
+
+# -- the optimizers' noise options ---------------------------------------------------------------------
 def draw(model, opt):
     with opt.sampled_params():
         return params_of(model)

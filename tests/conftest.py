@@ -11,6 +11,10 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Child processes (tests/golden's pinned runs) import ngvi from this checkout's src/, as pytest does
+# (pythonpath = ["src"]), not from wherever the environment installed it (another worktree's, say).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+
 # pytest-xdist runs two workers on two cores; one torch thread each avoids oversubscription (small ops
 # slow down 5-20x when two processes each spin two threads)
 torch.set_num_threads(1)

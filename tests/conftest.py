@@ -35,3 +35,23 @@ def regression_batch(seed: int = 1, n: int = 16, dtype: torch.dtype = torch.floa
     x = torch.randn(n, 3, generator=gen, dtype=dtype)
     y = torch.sin(x.sum(1, keepdim=True)) + 0.1 * torch.randn(n, 1, generator=gen, dtype=dtype)
     return x, y
+
+
+def fit_full_batch_regression(make, x, y, tau: float, steps: int, decay: float):
+    """Bayesian linear regression y ~ N(xw + b, 1/τ) on the whole of (x, y) with the true Fisher: an
+    nn.Linear (seeded) and ``make(model, **true_fisher)``, ``steps`` steps with lr decaying as decayᵗ (down
+    to 0.5% of its start). Returns the posterior."""
+    torch.manual_seed(0)
+    model = nn.Linear(x.shape[1], 1).double()
+    opt = make(model, curvature="fisher", likelihood="gaussian", noise_prec=tau, seed=0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(decay**t, 0.005))
+
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        return 0.5 * tau * (out - y).square().sum(1).mean(), out
+
+    for _ in range(steps):
+        opt.step(closure)
+        sched.step()
+    return opt.posterior()

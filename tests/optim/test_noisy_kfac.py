@@ -13,15 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ngvi
+from conftest import fit_full_batch_regression
 from ngvi.curvature import CurvatureHooks, damped_inverses, pi_split
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two xdist workers on 2 cores: competing thread pools crawl on small ops
-    yield
-    torch.set_num_threads(threads)
 
 
 def dense_posterior_cov(post: ngvi.KroneckerGaussian) -> torch.Tensor:
@@ -233,33 +226,14 @@ def test_true_fisher_noisy_kfac_recovers_the_full_covariance_posterior():
     exact_cov = torch.linalg.inv(precision)
     exact_mean = exact_cov @ (tau * xb.T @ y).squeeze(1)
 
-    torch.manual_seed(0)
-    model = nn.Linear(d, 1).double()
-    opt = ngvi.NoisyKFAC(
-        model,
-        n,
-        lr=0.5,
-        beta=0.01,
-        prior_var=prior_var,
-        damping=0.0,
-        inv_every=10,
-        mc_samples=4,  # quarters the variance of the mean's random walk
-        curvature="fisher",
-        likelihood="gaussian",
-        noise_prec=tau,
-        seed=0,
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.99**t, 0.005))
+    def make(model, **true_fisher):
+        return ngvi.NoisyKFAC(
+            model, n, lr=0.5, beta=0.01, prior_var=prior_var, damping=0.0, inv_every=10,
+            mc_samples=4,  # quarters the variance of the mean's random walk
+            **true_fisher,
+        )  # fmt: skip
 
-    def closure():
-        opt.zero_grad()
-        out = model(x)
-        return 0.5 * tau * (out - y).square().sum(1).mean(), out
-
-    for _ in range(600):
-        opt.step(closure)
-        sched.step()
-    post = opt.posterior()
+    post = fit_full_batch_regression(make, x, y, tau, steps=600, decay=0.99)
     draws = post.sample(100000, generator=torch.Generator().manual_seed(1))
     flat = torch.cat([draws[0].reshape(-1, d), draws[1].reshape(-1, 1)], 1)
     cov_err = (torch.cov(flat.T) - exact_cov).norm() / exact_cov.norm()

@@ -13,14 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ngvi
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two xdist workers on 2 cores: competing thread pools crawl on small ops
-    yield
-    torch.set_num_threads(threads)
+from conftest import fit_full_batch_regression
 
 
 def small_net(seed: int = 0) -> nn.Module:
@@ -174,33 +167,15 @@ def test_fisher_vogn_reaches_the_exact_mean_field_posterior():
     """Full batch, sampled targets: mean within 0.1 MF std, precision = diag(τXᵀX + λI) within 10%."""
     tau, prior = 2.0, 1.0
     x, y, precision, exact_mean = linear_regression(tau=tau, prior=prior)
-    n = x.shape[0]
-    torch.manual_seed(0)
-    model = nn.Linear(x.shape[1], 1).double()
-    opt = ngvi.VOGN(
-        model,
-        n,
-        lr=0.2,
-        beta=0.05,
-        prior_prec=prior,
-        init_prec=100.0,
-        mc_samples=2,  # halves the variance of the mean's random walk
-        curvature="fisher",
-        likelihood="gaussian",
-        noise_prec=tau,
-        seed=0,
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.992**t, 0.005))
 
-    def closure():
-        opt.zero_grad()
-        out = model(x)
-        return 0.5 * tau * (out - y).square().sum(1).mean(), out
+    def make(model, **true_fisher):
+        return ngvi.VOGN(
+            model, x.shape[0], lr=0.2, beta=0.05, prior_prec=prior, init_prec=100.0,
+            mc_samples=2,  # halves the variance of the mean's random walk
+            **true_fisher,
+        )  # fmt: skip
 
-    for _ in range(1200):
-        opt.step(closure)
-        sched.step()
-    post = opt.posterior()
+    post = fit_full_batch_regression(make, x, y, tau, steps=1200, decay=0.992)
     mean = torch.cat([m.reshape(-1) for m in post.mean])
     prec = torch.cat([1 / v.reshape(-1) for v in post.variance])
     mf_prec = precision.diagonal()

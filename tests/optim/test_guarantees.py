@@ -74,8 +74,8 @@ def test_resume_from_a_checkpoint_is_bit_exact(info, mc_samples):
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
 @pytest.mark.parametrize("info", trainers())
 def test_pickle_and_deepcopy_continue_identically(info, how):
-    """(model, trainer) copied together between steps train on identically; the copy's trainer holds the
-    copy's parameters, and the model alone copies too (no hooks or trainer references are left on it)."""
+    """(model, trainer) copied together between steps train on identically, with the same losses and state;
+    the copy's trainer holds the copy's parameters; the model carries no hooks and copies on its own."""
     model = info.model()
     opt = info.build(model)
     info.train(model, opt, 2)
@@ -84,6 +84,7 @@ def test_pickle_and_deepcopy_continue_identically(info, how):
     )
     copied = {p for g in opt_copy.param_groups for p in g["params"]}
     assert copied == set(model_copy.parameters())
+    assert_no_hooks(model)
     pickle.dumps(model)
     copy.deepcopy(model)
     assert_same(info.train(model_copy, opt_copy, 2), info.train(model, opt, 2))

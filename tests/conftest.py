@@ -1,18 +1,19 @@
-"""Shared fixtures: small models, closures, and one factory per optimizer for the engine-wide tests."""
+"""Shared helpers: the data folder and a small model with its batch. Every trainer, with its closure and
+training loop, is described once in optimizer_db.py."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
-import ngvi
-
 REPO = Path(__file__).resolve().parents[1]
+
+# Child processes (tests/golden's pinned runs) import ngvi from this checkout's src/, as pytest does
+# (pythonpath = ["src"]), not from wherever the environment installed it (another worktree's, say).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
 
 # pytest-xdist runs two workers on two cores; one torch thread each avoids oversubscription (small ops
 # slow down 5-20x when two processes each spin two threads)
@@ -22,30 +23,6 @@ torch.set_num_threads(1)
 def data_dir() -> Path:
     """The benchmark data: $NGVI_DATA, else ../shared/data beside the checkout (as in CI)."""
     return Path(os.environ.get("NGVI_DATA", REPO.parent / "shared" / "data"))
-
-
-# name -> (factory(params), closure needs create_graph)
-DIAGONAL_OPTIMIZERS: dict[str, tuple[Callable, bool]] = {
-    "vadam": (lambda ps, **kw: ngvi.Vadam(ps, data_size=64, lr=1e-2, init_prec=50.0, **kw), False),
-    "vprop": (lambda ps, **kw: ngvi.Vprop(ps, data_size=64, lr=1e-2, init_prec=50.0, **kw), False),
-    "vadagrad": (lambda ps, **kw: ngvi.VadaGrad(ps, lr=1e-2, init_prec=100.0, **kw), False),
-    "von_price": (
-        lambda ps, **kw: ngvi.VON(ps, data_size=64, lr=1e-2, beta=0.05, init_prec=50.0, **kw),
-        False,
-    ),
-    "von_hutchinson": (
-        lambda ps, **kw: ngvi.VON(ps, 64, lr=1e-2, beta=0.05, init_prec=50.0, hessian="hutchinson", **kw),
-        True,
-    ),
-    "ivon": (lambda ps, **kw: ngvi.IVON(ps, data_size=64, lr=0.05, hess_init=1.0, **kw), False),
-    "noisy_adam": (lambda ps, **kw: ngvi.NoisyAdam(ps, data_size=64, lr=1e-2, **kw), False),
-    "badam": (lambda ps, **kw: ngvi.BAdam(ps, data_size=64, lr=1e-2, prior_prec=1.0, **kw), False),
-}
-
-
-@pytest.fixture(params=sorted(DIAGONAL_OPTIMIZERS))
-def optimizer_name(request) -> str:
-    return request.param
 
 
 def make_mlp(seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Module:
@@ -60,23 +37,21 @@ def regression_batch(seed: int = 1, n: int = 16, dtype: torch.dtype = torch.floa
     return x, y
 
 
-def make_closure(model: nn.Module, opt, x, y, create_graph: bool = False) -> Callable:
+def fit_full_batch_regression(make, x, y, tau: float, steps: int, decay: float):
+    """Bayesian linear regression y ~ N(xw + b, 1/τ) on the whole of (x, y) with the true Fisher: an
+    nn.Linear (seeded) and ``make(model, **true_fisher)``, ``steps`` steps with lr decaying as decayᵗ (down
+    to 0.5% of its start). Returns the posterior."""
+    torch.manual_seed(0)
+    model = nn.Linear(x.shape[1], 1).double()
+    opt = make(model, curvature="fisher", likelihood="gaussian", noise_prec=tau, seed=0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(decay**t, 0.005))
+
     def closure():
         opt.zero_grad()
-        loss = 0.5 * ((model(x) - y) ** 2).mean()
-        loss.backward(create_graph=create_graph)
-        return loss
+        out = model(x)
+        return 0.5 * tau * (out - y).square().sum(1).mean(), out
 
-    return closure
-
-
-def build(name: str, model: nn.Module, **kwargs):
-    factory, create_graph = DIAGONAL_OPTIMIZERS[name]
-    return factory(model.parameters(), **kwargs), create_graph
-
-
-def train(model: nn.Module, opt, steps: int, create_graph: bool = False, batch_seed: int = 1) -> None:
-    x, y = regression_batch(batch_seed, dtype=next(model.parameters()).dtype)
-    closure = make_closure(model, opt, x, y, create_graph)
     for _ in range(steps):
         opt.step(closure)
+        sched.step()
+    return opt.posterior()

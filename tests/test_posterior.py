@@ -1,14 +1,20 @@
-"""DiagonalGaussian against torch.distributions (an independent implementation of the same densities)."""
+"""The posterior families against torch.distributions (independent implementations of the same densities):
+DiagonalGaussian against Normal, KroneckerGaussian against a dense MultivariateNormal of the same blocks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch.distributions import Normal, kl_divergence
+from torch.distributions import MultivariateNormal, Normal, kl_divergence
 
 import ngvi
+from ngvi import DiagonalGaussian, KroneckerGaussian
+from ngvi.posterior import KroneckerBlock
 
 
+# ------------------------------------------------------------------------------------------------------------
+# DiagonalGaussian
+# ------------------------------------------------------------------------------------------------------------
 def posterior(seed=0):
     gen = torch.Generator().manual_seed(seed)
     mean = [
@@ -99,3 +105,91 @@ def test_posterior_is_a_snapshot():
     assert not torch.equal(post.mean[0], model.weight)
     assert post.variance[0].shape == model.weight.shape
     torch.testing.assert_close(post.variance[0], torch.full((1, 2), 1 / 30.0))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# KroneckerGaussian
+# ------------------------------------------------------------------------------------------------------------
+def spd(g: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(g, n, n, generator=gen, dtype=torch.float64)
+    return x @ x.mT / n + 0.3 * torch.eye(n, dtype=torch.float64)
+
+
+def kronecker_example(seed: int = 0) -> tuple[KroneckerGaussian, torch.Tensor, torch.Tensor]:
+    """Two blocks: a Linear (weight [3, 4] + bias [3]) and a 2-group conv (weight [4, 1, 2, 2] + bias [4]),
+    with the parameter order interleaved; returns the posterior, its dense mean and covariance."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(3, 4), (4, 1, 2, 2), (3,), (4,)]
+    mean = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    blocks = [
+        KroneckerBlock((0, 2), spd(1, 3, gen), spd(1, 5, gen)),
+        KroneckerBlock((1, 3), spd(2, 2, gen), spd(2, 5, gen)),
+    ]
+    post = KroneckerGaussian(mean, blocks)
+    # Dense reference: the flat index of every weight, laid out like the block, then Cov = U_g[i,k] V_g[j,l].
+    offsets = torch.tensor([0, *torch.cumsum(torch.tensor([m.numel() for m in mean]), 0).tolist()])
+    index = [torch.arange(offsets[i], offsets[i + 1]).reshape(m.shape) for i, m in enumerate(mean)]
+    dim = int(offsets[-1])
+    cov = torch.zeros(dim, dim, dtype=torch.float64)
+    for b in blocks:
+        g, r = b.row_cov.shape[:2]
+        idx = torch.cat([index[i].reshape(g, r, -1) for i in b.params], dim=-1)
+        for k in range(g):
+            flat = idx[k].reshape(-1)
+            cov[flat[:, None], flat[None, :]] = torch.kron(b.row_cov[k], b.col_cov[k])
+    return post, torch.cat([m.reshape(-1) for m in mean]), cov
+
+
+def flat(tensors, batched=False):
+    return torch.cat([t.reshape(t.shape[0], -1) if batched else t.reshape(-1) for t in tensors], -1)
+
+
+def test_marginal_variances_and_densities_match_the_dense_gaussian():
+    post, mean, cov = kronecker_example()
+    dense = MultivariateNormal(mean, cov)
+    torch.testing.assert_close(flat(post.variance), cov.diagonal())
+    torch.testing.assert_close(post.entropy(), dense.entropy())
+    draws = post.sample(5, generator=torch.Generator().manual_seed(1))
+    assert [d.shape[1:] for d in draws] == [m.shape for m in post.mean]
+    torch.testing.assert_close(post.log_prob(draws), dense.log_prob(flat(draws, batched=True)))
+    one = post.sample()
+    assert [d.shape for d in one] == [m.shape for m in post.mean]
+    torch.testing.assert_close(post.log_prob(one), dense.log_prob(flat(one)))
+    torch.testing.assert_close(flat(post.snr()), mean.abs() / cov.diagonal().sqrt())
+
+
+def test_samples_have_the_kronecker_covariance():
+    post, mean, cov = kronecker_example(seed=2)
+    draws = flat(post.sample(40000, generator=torch.Generator().manual_seed(0)), batched=True)
+    emp = torch.cov(draws.T)
+    assert (emp - cov).norm() / cov.norm() < 0.03
+    assert ((draws.mean(0) - mean).abs() / cov.diagonal().sqrt()).max() < 0.03
+
+
+def test_kl_matches_the_dense_gaussian():
+    (p, mp, cp), (q, mq, cq) = kronecker_example(0), kronecker_example(3)
+    expected = torch.distributions.kl_divergence(MultivariateNormal(mp, cp), MultivariateNormal(mq, cq))
+    torch.testing.assert_close(p.kl(q), expected)
+    torch.testing.assert_close(p.kl(p), torch.zeros((), dtype=torch.float64), atol=1e-10, rtol=0)
+    prior = DiagonalGaussian.isotropic(p.mean, precision=2.0)
+    dense_prior = MultivariateNormal(torch.zeros_like(mp), torch.eye(len(mp), dtype=torch.float64) / 2.0)
+    torch.testing.assert_close(
+        p.kl(prior), torch.distributions.kl_divergence(MultivariateNormal(mp, cp), dense_prior)
+    )
+
+
+def test_invalid_blocks_are_rejected():
+    gen = torch.Generator().manual_seed(0)
+    mean = [torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)]
+    good_row, good_col = spd(1, 2, gen), spd(1, 4, gen)
+    with pytest.raises(ValueError, match="exactly once"):
+        KroneckerGaussian(mean, [KroneckerBlock((0,), good_row, good_col)])
+    with pytest.raises(ValueError, match="weights"):
+        KroneckerGaussian(mean, [KroneckerBlock((0, 1), good_row, spd(1, 3, gen))])
+    with pytest.raises(ValueError, match="positive definite"):
+        KroneckerGaussian(mean, [KroneckerBlock((0, 1), -good_row, good_col)])
+    post = KroneckerGaussian(mean, [KroneckerBlock((0, 1), good_row, good_col)])
+    with pytest.raises(ValueError, match="shape"):
+        post.log_prob([torch.zeros(3, 2), torch.zeros(2)])
+    with pytest.raises(ValueError, match="n must be"):
+        post.sample(0)

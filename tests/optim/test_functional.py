@@ -15,6 +15,7 @@ import ngvi
 from ngvi.optim import functional as F
 from ngvi.optim.functional import _capture
 from ngvi.posterior import join_block, split_block
+from optimizer_db import trainers
 
 SHAPES = [(4, 3), (3,)]
 
@@ -212,24 +213,13 @@ def test_kronecker_block_layout_round_trips(lead):
     )
 
 
-@pytest.mark.parametrize("name", ["vadam", "vprop", "vadagrad", "von_price", "ivon", "noisy_adam", "badam"])
-def test_precision_core_gives_the_engines_sigma(name):
+@pytest.mark.parametrize("info", trainers(lambda info: info.engine and info.cls._elementwise))
+def test_precision_core_gives_the_engines_sigma(info):
     """``_precision_core`` + :func:`diagonal_sigma` is the draw's √precision and σ: bitwise eagerly (the
     engine's ``_precision(...).sqrt_()`` then ``reciprocal()``), to rtol 1e-12 compiled."""
-    from conftest import DIAGONAL_OPTIMIZERS, make_mlp, regression_batch
-
-    model = make_mlp()
-    opt = DIAGONAL_OPTIMIZERS[name][0](model.parameters(), seed=0)
-    x, y = regression_batch()
-
-    def closure():
-        opt.zero_grad()
-        loss = (model(x) - y).square().mean()
-        loss.backward()
-        return loss
-
-    for _ in range(2):
-        opt.step(closure)
+    model = info.model()
+    opt = info.build(model, seed=0)
+    info.train(model, opt, 2)
     group = opt.param_groups[0]
     states = [opt.state[p] for p in group["params"]]
     sqrt_prec = opt._precision(group, states).sqrt_()

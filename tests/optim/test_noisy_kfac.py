@@ -1,12 +1,11 @@
 """Noisy K-FAC: damping and inverses, one step against Alg. 2 / eqs. 12–13, the sampling distribution,
-exactness on Bayesian linear regression with one output, schedules, and the engine's guarantees."""
+exactness on Bayesian linear regression with one output, schedules, and its layer contracts. (The guarantees
+every trainer gives, for both curvatures: tests/optim/test_guarantees.py and test_contract.py.)"""
 
 from __future__ import annotations
 
 import copy
-import io
 import math
-import pickle
 
 import pytest
 import torch
@@ -14,16 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ngvi
+from conftest import fit_full_batch_regression
 from ngvi.curvature import CurvatureHooks, damped_inverses, pi_split
-from ngvi.optim.base import NonFiniteGradientError
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two xdist workers on 2 cores: competing thread pools crawl on small ops
-    yield
-    torch.set_num_threads(threads)
 
 
 def dense_posterior_cov(post: ngvi.KroneckerGaussian) -> torch.Tensor:
@@ -61,15 +52,6 @@ def ef_closure(opt, model, x, y):
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         return loss
-
-    return closure
-
-
-def fisher_closure(opt, model, x, y):
-    def closure():
-        opt.zero_grad()
-        out = model(x)
-        return F.cross_entropy(out, y), out
 
     return closure
 
@@ -244,33 +226,14 @@ def test_true_fisher_noisy_kfac_recovers_the_full_covariance_posterior():
     exact_cov = torch.linalg.inv(precision)
     exact_mean = exact_cov @ (tau * xb.T @ y).squeeze(1)
 
-    torch.manual_seed(0)
-    model = nn.Linear(d, 1).double()
-    opt = ngvi.NoisyKFAC(
-        model,
-        n,
-        lr=0.5,
-        beta=0.01,
-        prior_var=prior_var,
-        damping=0.0,
-        inv_every=10,
-        mc_samples=4,  # quarters the variance of the mean's random walk
-        curvature="fisher",
-        likelihood="gaussian",
-        noise_prec=tau,
-        seed=0,
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.99**t, 0.005))
+    def make(model, **true_fisher):
+        return ngvi.NoisyKFAC(
+            model, n, lr=0.5, beta=0.01, prior_var=prior_var, damping=0.0, inv_every=10,
+            mc_samples=4,  # quarters the variance of the mean's random walk
+            **true_fisher,
+        )  # fmt: skip
 
-    def closure():
-        opt.zero_grad()
-        out = model(x)
-        return 0.5 * tau * (out - y).square().sum(1).mean(), out
-
-    for _ in range(600):
-        opt.step(closure)
-        sched.step()
-    post = opt.posterior()
+    post = fit_full_batch_regression(make, x, y, tau, steps=600, decay=0.99)
     draws = post.sample(100000, generator=torch.Generator().manual_seed(1))
     flat = torch.cat([draws[0].reshape(-1, d), draws[1].reshape(-1, 1)], 1)
     cov_err = (torch.cov(flat.T) - exact_cov).norm() / exact_cov.norm()
@@ -280,30 +243,8 @@ def test_true_fisher_noisy_kfac_recovers_the_full_covariance_posterior():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Contracts and the engine's guarantees
+# Layer contracts and prediction
 # ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "kwargs, name",
-    [
-        (dict(data_size=-1), "data_size"),
-        (dict(lr=-0.1), "lr"),
-        (dict(beta=0.0), "beta"),
-        (dict(momentum=1.2), "momentum"),
-        (dict(prior_var=0.0), "prior_var"),
-        (dict(kl_weight=-1.0), "kl_weight"),
-        (dict(damping=-1e-3), "damping"),
-        (dict(stats_every=0), "stats_every"),
-        (dict(inv_every=1.5), "inv_every"),
-        (dict(mc_samples=0), "mc_samples"),
-        (dict(curvature="fisher"), "likelihood"),
-    ],
-)
-def test_hyperparameters_are_validated(kwargs, name):
-    kwargs = {"data_size": 10, **kwargs}
-    with pytest.raises(ValueError, match=name):
-        ngvi.NoisyKFAC(conv_net(), **kwargs)
-
-
 def test_unsupported_layers_are_named():
     with pytest.raises(ValueError, match=r"'emb' \(nn.Embedding"):
         ngvi.NoisyKFAC(nn.ModuleDict({"emb": nn.Embedding(5, 3), "lin": nn.Linear(3, 2)}), 10)
@@ -317,101 +258,3 @@ def test_predict_and_linearised_predict_use_the_kronecker_posterior():
         opt.step(ef_closure(opt, model, x, y))
     assert ngvi.predict(model, opt, x, samples=3).shape == (3, 8, 3)
     assert ngvi.predict(model, opt, x, samples=3, linearized=True).shape == (3, 8, 3)
-
-
-def test_exception_inside_a_sample_restores_weights_and_removes_hooks():
-    model = conv_net()
-    opt = ngvi.NoisyKFAC(model, 64, lr=0.05)
-    x, y = batch()
-    opt.step(ef_closure(opt, model, x, y))
-    before = [p.detach().clone() for p in model.parameters()]
-
-    def failing():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        raise KeyError("boom")
-
-    with pytest.raises(KeyError):
-        opt.step(failing)
-    for p, b in zip(model.parameters(), before, strict=True):
-        assert torch.equal(p, b)
-    assert all(not m._forward_hooks for m in model.modules())
-
-
-def snapshot(opt):
-    return {
-        id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
-        for p, st in opt.state.items()
-    }
-
-
-@pytest.mark.parametrize("curvature", ["ef", "fisher"])
-def test_nonfinite_gradient_raises_and_leaves_state_untouched(curvature):
-    model = conv_net()
-    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
-    opt = ngvi.NoisyKFAC(model, 64, lr=0.05, momentum=0.5, **kw)
-    closure = fisher_closure if curvature == "fisher" else ef_closure
-    x, y = batch()
-    opt.step(closure(opt, model, x, y))
-    before, state = [p.detach().clone() for p in model.parameters()], snapshot(opt)
-    bad = x.clone()
-    bad[1, 0, 2, 2] = float("inf")
-    with pytest.raises(NonFiniteGradientError):
-        opt.step(closure(opt, model, bad, y))
-    for p, b in zip(model.parameters(), before, strict=True):
-        assert torch.equal(p, b)
-    after = snapshot(opt)
-    assert after.keys() == state.keys()
-    for k in state:
-        for name, v in state[k].items():
-            assert torch.equal(after[k][name], v) if torch.is_tensor(v) else after[k][name] == v
-
-
-@pytest.mark.parametrize("curvature", ["ef", "fisher"])
-def test_resume_is_bit_identical(curvature):
-    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
-    closure = fisher_closure if curvature == "fisher" else ef_closure
-
-    def make():
-        model = conv_net()
-        opt = ngvi.NoisyKFAC(model, 64, lr=0.05, momentum=0.5, stats_every=2, inv_every=3, mc_samples=2, **kw)
-        return model, opt
-
-    batches = [batch(seed) for seed in range(10)]
-    model, opt = make()
-    for x, y in batches:
-        opt.step(closure(opt, model, x, y))
-    straight = [p.detach().clone() for p in model.parameters()]
-
-    model, opt = make()
-    for x, y in batches[:5]:
-        opt.step(closure(opt, model, x, y))
-    buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    model, opt = make()
-    torch.manual_seed(321)
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    for x, y in batches[5:]:
-        opt.step(closure(opt, model, x, y))
-    for p, q in zip(model.parameters(), straight, strict=True):
-        assert torch.equal(p, q)
-
-
-@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
-def test_model_and_optimizer_copy_and_train_identically(how):
-    model = conv_net()
-    opt = ngvi.NoisyKFAC(model, 64, lr=0.05, inv_every=2)
-    x, y = batch()
-    opt.step(ef_closure(opt, model, x, y))
-    model2, opt2 = (
-        pickle.loads(pickle.dumps((model, opt))) if how == "pickle" else copy.deepcopy((model, opt))
-    )
-    for m, o in ((model, opt), (model2, opt2)):
-        for _ in range(3):
-            o.step(ef_closure(o, m, x, y))
-    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
-        assert torch.equal(p, q)
-    assert isinstance(opt2.posterior(), ngvi.KroneckerGaussian)

@@ -1,90 +1,140 @@
-"""The engine's parts on their own: the noise source, the sample accumulator, sample-scope plugins, and the
-engine's refusals (nested samples, a closure without backward, a fractional data size, renamed keywords)."""
+"""The engine beyond the guarantees every trainer shares (tests/optim/test_guarantees.py): what a non-finite
+gradient's message names, call order, per-group priors, schedulers, Hutchinson across groups; its parts on
+their own (the sample accumulator, sample-scope plugins); and its vocabulary (renamed keywords, aliases).
+The noise source is tested in test_noise.py."""
 
 from __future__ import annotations
 
 import contextlib
-import pickle
 
 import pytest
 import torch
 from torch import nn
 
 import ngvi
+from conftest import make_mlp, regression_batch
 from ngvi.optim._accumulator import SampleAccumulator
-from ngvi.optim._noise import NoiseSource
+from optimizer_db import BY_NAME, assert_same, params_of
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
 
 
-def params(*shapes, dtype=torch.float64):
-    return [torch.zeros(s, dtype=dtype) for s in shapes]
+VADAM = BY_NAME["vadam"]  # closures and training loops of the regression problem
 
 
-# -- NoiseSource -------------------------------------------------------------------------------------
-def test_noise_is_the_seeded_standard_normal_stream():
-    ps = params((3, 4), (5,))
-    source = NoiseSource(7, "normal", None, "shared", keep=False)
-    gen = torch.Generator().manual_seed(7)
-    for p in ps:  # parameter by parameter, in order, from one generator seeded with the seed
-        assert torch.equal(source.fresh(p), torch.empty_like(p).normal_(generator=gen))
-    a, b = NoiseSource(7, "normal", None, "shared", True), NoiseSource(7, "normal", None, "shared", True)
-    assert torch.equal(a.into(ps[0].clone()), b.fresh(ps[0]))  # drawing into p is the same draw
+# ---------------------------------------------------------------------------------------------------
+# Non-finite gradients, validation and call order
+# ---------------------------------------------------------------------------------------------------
+def test_nonfinite_gradient_names_the_parameter():
+    model = make_mlp()
+    opt = ngvi.Vadam(model.parameters(), data_size=10)
+    with opt.sampled_params(train=True):
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        model[2].bias.grad[0] = float("nan")
+    with pytest.raises(
+        ngvi.NonFiniteGradientError, match=r"param_groups\[0\]\['params'\]\[3\] \(shape \(1,\)\)"
+    ):
+        opt.step()
 
 
-def test_rollback_restores_the_stream_and_the_draw_count():
-    p = params((100,))[0]
-    source = NoiseSource(3, "normal", None, "shared", keep=False)
-    source.fresh(p)
-    checkpoint = source.checkpoint()
-    source.begin_draw([p])
-    discarded = source.fresh(p).clone()
-    source.end_draw(False)
-    assert source.num_draws == 1
-    source.rollback(checkpoint)
-    assert source.num_draws == 0 and torch.equal(source.fresh(p), discarded)
+def test_bad_hyperparameter_in_a_param_group_is_caught():
+    model = make_mlp()
+    with pytest.raises(ValueError, match="prior_prec"):
+        ngvi.Vadam(
+            [{"params": model[0].parameters(), "prior_prec": -1.0}, {"params": model[2].parameters()}], 10
+        )
 
 
-def test_antithetic_pairs_negate_and_survive_pickling_mid_pair():
-    p = params((50,))[0]
-    source = NoiseSource(11, "antithetic", None, "shared", keep=False)
-    assert source.keep  # the pair's ε is kept for its second half
-    reuse = source.begin_draw([p])
-    first = source.draw(p, reuse).clone()
-    source.end_draw(reuse)
-    copy = pickle.loads(pickle.dumps(source))  # mid pair: the buffer is not pickled, it is redrawn
-    copy.redraw_pair([p])
-    for s in (source, copy):
-        reuse = s.begin_draw([p])
-        assert reuse and torch.equal(s.draw(p, reuse), -first)
-        s.end_draw(reuse)
-        assert s.pair_start is None
+def test_wrong_call_order_gives_clear_errors():
+    model = make_mlp()
+    opt = ngvi.Vadam(model.parameters(), data_size=10)
+    x, y = regression_batch()
+    with pytest.raises(RuntimeError, match="pass a closure"):
+        opt.step()
+    with opt.sampled_params(), pytest.raises(RuntimeError, match="nested"), opt.sampled_params():
+        pass
+    with opt.sampled_params(), pytest.raises(RuntimeError, match="inside sampled_params"):
+        opt.step(VADAM.closure(opt, model, x, y))
+    with opt.sampled_params(train=True):
+        VADAM.closure(opt, model, x, y)()
+    with pytest.raises(RuntimeError, match="pending"):
+        opt.step(VADAM.closure(opt, model, x, y))
+    with pytest.raises(RuntimeError, match="between steps"):
+        opt.load_state_dict(opt.state_dict())
+    opt.step()  # the manual form consumes the pending sample
+    with pytest.raises(TypeError, match="must return the loss"):
+        opt.step(lambda: "not a loss")
 
 
-def test_float32_noise_for_float64_parameters():
-    p = params((1000,))[0]
-    eps = NoiseSource(0, "normal", torch.float32, "shared", keep=False).fresh(p)
-    gen = torch.Generator().manual_seed(0)
-    assert eps.dtype == torch.float32
-    assert torch.equal(eps, torch.empty(1000, dtype=torch.float32).normal_(generator=gen))
+# ---------------------------------------------------------------------------------------------------
+# Parameter groups and schedulers
+# ---------------------------------------------------------------------------------------------------
+def test_param_groups_have_their_own_lr_and_prior():
+    model = make_mlp()
+    opt = ngvi.Vadam(
+        [
+            {"params": model[0].parameters(), "lr": 0.0, "prior_prec": 4.0},
+            {"params": model[2].parameters(), "prior_prec": 1.0},
+        ],
+        data_size=10,
+        lr=0.05,
+    )
+    frozen = params_of(model[0])
+    var_before = opt.posterior().variance
+    assert torch.allclose(var_before[0], torch.full_like(var_before[0], 1 / 4.0))  # q₀ = prior of its group
+    assert torch.allclose(var_before[2], torch.full_like(var_before[2], 1.0))
+    VADAM.train(model, opt, 5)
+    assert_same(params_of(model[0]), frozen)  # lr = 0 in group 0
+    assert not torch.equal(params_of(model[2])[0], var_before[2])
 
 
-def test_noise_state_dict_round_trip():
-    p = params((20,))[0]
-    source = NoiseSource(5, "normal", None, "shared", keep=False)
-    source.fresh(p)
-    restored = NoiseSource(0, "normal", None, "shared", keep=False)
-    restored.load_state_dict(source.state_dict(), [p])
-    assert restored.seed == 5 and torch.equal(restored.fresh(p), source.fresh(p))
+def test_lr_scheduler_drives_the_mean_update():
+    model = make_mlp()
+    opt = ngvi.Vadam(model.parameters(), data_size=10, lr=0.05, init_prec=50.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0 if epoch < 2 else 0.0)
+    x, y = regression_batch()
+    for _ in range(2):
+        opt.step(VADAM.closure(opt, model, x, y))
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0
+    frozen = params_of(model)
+    opt.step(VADAM.closure(opt, model, x, y))
+    assert_same(params_of(model), frozen)
+    assert opt.state[next(model.parameters())]["step"] == 3  # the state still advanced
 
 
-def test_bad_noise_arguments_name_themselves():
-    for kwargs, name in [({"mode": "uniform"}, "noise"), ({"dtype": torch.int64}, "noise_dtype"),
-                         ({"rank_noise": "x"}, "rank_noise"), ({"seed": 1.5}, "seed")]:  # fmt: skip
-        args = {"seed": 0, "mode": "normal", "dtype": None, "rank_noise": "shared", **kwargs}
-        with pytest.raises(ValueError, match=name):
-            NoiseSource.configured(args["seed"], args["mode"], args["dtype"], args["rank_noise"], keep=False)
+def test_hutchinson_with_several_parameter_groups():
+    """Groups share one double-backward graph and each takes its product z_g ⊙ (H_gg z_g) through it (an
+    unbiased estimate of diag H like the full product). With a block-diagonal Hessian (two independent
+    regressions) the per-group and the one-group estimates coincide, so the runs must agree exactly."""
+    x, y = regression_batch()
+    runs = []
+    for split in (False, True):
+        torch.manual_seed(0)
+        left, right = nn.Linear(3, 1).double(), nn.Linear(3, 1).double()
+        params = (
+            [{"params": left.parameters()}, {"params": right.parameters()}]
+            if split
+            else [*left.parameters(), *right.parameters()]
+        )
+        opt = ngvi.VON(params, 64, lr=1e-2, beta=0.05, init_prec=50.0, curvature="hutchinson", seed=1)
+
+        def closure(opt=opt, left=left, right=right):
+            opt.zero_grad()
+            loss = ((left(x) - y) ** 2).mean() + ((right(x) + y) ** 2).mean()
+            loss.backward(create_graph=True)
+            return loss
+
+        for _ in range(3):
+            opt.step(closure)
+        runs.append(params_of(left) + params_of(right))
+    assert_same(runs[0], runs[1])
 
 
-# -- SampleAccumulator -------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------
+# The sample accumulator
+# ---------------------------------------------------------------------------------------------------
 class _Model(nn.Module):
     def __init__(self):
         super().__init__()
@@ -127,7 +177,9 @@ def test_accumulator_names_the_nonfinite_parameter():
     assert acc.nonfinite_places(sums, opt.param_groups) == ["param_groups[0]['params'][1] (shape (2,))"]
 
 
-# -- plugins -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------
+# Plugins
+# ---------------------------------------------------------------------------------------------------
 class Recorder:
     """A sample-scope plugin that records what it sees."""
 
@@ -169,53 +221,9 @@ def test_plugins_are_entered_after_the_draw_and_left_after_accumulation():
                                ("enter", False, True), ("exit", 0)]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda m: ngvi.Vadam(m.parameters(), 10),
-        lambda m: ngvi.VOGN(m, 10),
-        lambda m: ngvi.baselines.BBVI(m, 10),
-    ],
-    ids=["vadam", "vogn-hooks", "bbvi-local-trick"],
-)
-def test_samples_cannot_be_nested_whatever_the_plugins(build):
-    model = nn.Sequential(nn.Linear(3, 2))
-    opt = build(model)
-    before = [p.detach().clone() for p in model.parameters()]
-    with opt.sampled_params(train=True), pytest.raises(RuntimeError, match="cannot be nested"):
-        opt.sampled_params().__enter__()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
-
-
-# -- the engine's refusals ---------------------------------------------------------------------------
-def test_a_closure_without_backward_is_refused_and_changes_nothing():
-    model = nn.Linear(3, 1)
-    opt = ngvi.Vadam(model.parameters(), 10, seed=0)
-    x = torch.randn(4, 3)
-
-    def closure(backward: bool = True):
-        opt.zero_grad()
-        loss = model(x).square().mean()
-        if backward:
-            loss.backward()
-        return loss
-
-    opt.step(closure)
-    rng, weights = opt.noise_source.rng_state()["cpu"], [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(RuntimeError, match="no parameter has a gradient"):
-        opt.step(lambda: closure(backward=False))
-    assert opt.num_steps == 1 and opt.num_draws == 1
-    assert torch.equal(opt.noise_source.rng_state()["cpu"], rng)
-    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
-
-
-def test_data_size_must_be_a_whole_number():
-    for bad in (64.5, 0, -3, True, "64"):
-        with pytest.raises(ValueError, match="data_size"):
-            ngvi.Vadam(nn.Linear(2, 1).parameters(), bad)
-    ngvi.Vadam(nn.Linear(2, 1).parameters(), torch.tensor(64).item())
-
-
+# ---------------------------------------------------------------------------------------------------
+# The vocabulary
+# ---------------------------------------------------------------------------------------------------
 def test_old_keyword_spellings_warn_and_keep_working():
     model = nn.Linear(2, 1)
     with pytest.warns(DeprecationWarning, match="hessian= is deprecated"):
@@ -275,7 +283,3 @@ def test_every_optimizer_accepts_the_shared_vocabulary():
         lambda: ngvi.baselines.MAP(model, 8, prior_prec=2.0, mc_samples=1),
     ):
         assert isinstance(make(), ngvi.PosteriorOptimizer)
-    with pytest.raises(ValueError, match="mc_samples must be 1"):
-        ngvi.BAdam(model.parameters(), 8, mc_samples=2)
-    with pytest.raises(ValueError, match="prior_prec must be 0"):
-        ngvi.VadaGrad(model.parameters(), prior_prec=1.0)

@@ -1,12 +1,11 @@
 """VOGN: the update rule (eqs. 7, 9, 10; App. E momentum), exactness on Bayesian linear regression, the
-closure contracts, and the engine's guarantees (restore, NaN, resume, copying, validation)."""
+closure contracts and the hooks. (The guarantees every trainer gives, for both curvatures, restore, NaN,
+resume, copying, validation: tests/optim/test_guarantees.py and test_contract.py.)"""
 
 from __future__ import annotations
 
 import copy
-import io
 import math
-import pickle
 
 import pytest
 import torch
@@ -14,15 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ngvi
-from ngvi.optim.base import NonFiniteGradientError
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two xdist workers on 2 cores: competing thread pools crawl on small ops
-    yield
-    torch.set_num_threads(threads)
+from conftest import fit_full_batch_regression
 
 
 def small_net(seed: int = 0) -> nn.Module:
@@ -176,33 +167,15 @@ def test_fisher_vogn_reaches_the_exact_mean_field_posterior():
     """Full batch, sampled targets: mean within 0.1 MF std, precision = diag(τXᵀX + λI) within 10%."""
     tau, prior = 2.0, 1.0
     x, y, precision, exact_mean = linear_regression(tau=tau, prior=prior)
-    n = x.shape[0]
-    torch.manual_seed(0)
-    model = nn.Linear(x.shape[1], 1).double()
-    opt = ngvi.VOGN(
-        model,
-        n,
-        lr=0.2,
-        beta=0.05,
-        prior_prec=prior,
-        init_prec=100.0,
-        mc_samples=2,  # halves the variance of the mean's random walk
-        curvature="fisher",
-        likelihood="gaussian",
-        noise_prec=tau,
-        seed=0,
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.992**t, 0.005))
 
-    def closure():
-        opt.zero_grad()
-        out = model(x)
-        return 0.5 * tau * (out - y).square().sum(1).mean(), out
+    def make(model, **true_fisher):
+        return ngvi.VOGN(
+            model, x.shape[0], lr=0.2, beta=0.05, prior_prec=prior, init_prec=100.0,
+            mc_samples=2,  # halves the variance of the mean's random walk
+            **true_fisher,
+        )  # fmt: skip
 
-    for _ in range(1200):
-        opt.step(closure)
-        sched.step()
-    post = opt.posterior()
+    post = fit_full_batch_regression(make, x, y, tau, steps=1200, decay=0.992)
     mean = torch.cat([m.reshape(-1) for m in post.mean])
     prec = torch.cat([1 / v.reshape(-1) for v in post.variance])
     mf_prec = precision.diagonal()
@@ -255,25 +228,6 @@ def test_curvature_options_are_validated():
         ngvi.VOGN(small_net().parameters(), 10)
 
 
-@pytest.mark.parametrize(
-    "kwargs, name",
-    [
-        (dict(data_size=0), "data_size"),
-        (dict(lr=-1.0), "lr"),
-        (dict(beta=1.5), "beta"),
-        (dict(momentum=1.0), "momentum"),
-        (dict(prior_prec=0.0), "prior_prec"),
-        (dict(init_prec=0.5, prior_prec=1.0), "init_prec"),
-        (dict(mc_samples=0), "mc_samples"),
-        (dict(lr=float("nan")), "lr"),
-    ],
-)
-def test_hyperparameters_are_validated(kwargs, name):
-    kwargs = {"data_size": 10, **kwargs}
-    with pytest.raises(ValueError, match=name):
-        ngvi.VOGN(small_net(), **kwargs)
-
-
 def test_unsupported_layers_are_named():
     model = nn.Sequential(
         nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 4), nn.LayerNorm(4), nn.Linear(4, 2)
@@ -324,122 +278,3 @@ def test_hooks_exist_only_during_a_training_sample():
         F.cross_entropy(model(x), y).backward()
     assert len(model[0]._forward_hooks) == 1 and not model[3]._forward_hooks
     opt.step()
-
-
-def test_exception_inside_a_sample_restores_weights_and_removes_hooks():
-    model = small_net()
-    opt = ngvi.VOGN(model, 64, init_prec=10.0)
-    x, y = batch()
-    opt.step(ef_closure(opt, model, x, y))
-    before = [p.detach().clone() for p in model.parameters()]
-    state = copy.deepcopy(opt.state_dict())
-    with pytest.raises(KeyError), opt.sampled_params(train=True):
-        F.cross_entropy(model(x), y).backward()
-        raise KeyError("boom")
-
-    def failing():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        raise KeyError("boom")
-
-    with pytest.raises(KeyError):
-        opt.step(failing)
-    for p, b in zip(model.parameters(), before, strict=True):
-        assert torch.equal(p, b)
-    assert all(not m._forward_hooks for m in model.modules())
-    assert_same_state(opt.state_dict(), state)
-    opt.step(ef_closure(opt, model, x, y))  # and it still trains
-
-
-def assert_same_state(a, b):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_same_state(a[k], b[k])
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b)
-        for u, v in zip(a, b, strict=True):
-            assert_same_state(u, v)
-    else:
-        assert a == b
-
-
-@pytest.mark.parametrize("curvature", ["ef", "fisher"])
-def test_nonfinite_gradient_raises_and_leaves_state_untouched(curvature):
-    model = small_net()
-    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
-    opt = ngvi.VOGN(model, 64, init_prec=10.0, momentum=0.5, **kw)
-    closure = fisher_closure if curvature == "fisher" else ef_closure
-    x, y = batch()
-    opt.step(closure(opt, model, x, y))
-    before = [p.detach().clone() for p in model.parameters()]
-    state = copy.deepcopy(opt.state_dict())
-    bad = x.clone()
-    bad[0, 0, 0, 0] = float("nan")
-    with pytest.raises(NonFiniteGradientError):
-        opt.step(closure(opt, model, bad, y))
-    for p, b in zip(model.parameters(), before, strict=True):
-        assert torch.equal(p, b)
-    assert_same_state(opt.state_dict(), state)
-
-
-@pytest.mark.parametrize("curvature", ["ef", "fisher"])
-def test_resume_is_bit_identical(curvature):
-    kw = dict(curvature=curvature, likelihood="categorical") if curvature == "fisher" else {}
-    closure = fisher_closure if curvature == "fisher" else ef_closure
-
-    def make():
-        model = small_net()
-        return model, ngvi.VOGN(
-            model, 64, lr=0.05, beta=0.1, momentum=0.6, init_prec=10.0, mc_samples=2, **kw
-        )
-
-    batches = [batch(seed) for seed in range(10)]
-    model, opt = make()
-    for x, y in batches:
-        opt.step(closure(opt, model, x, y))
-    straight = [p.detach().clone() for p in model.parameters()]
-
-    model, opt = make()
-    for x, y in batches[:5]:
-        opt.step(closure(opt, model, x, y))
-    buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    model, opt = make()
-    torch.manual_seed(123)  # the resumed run must not depend on the global RNG
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    for x, y in batches[5:]:
-        opt.step(closure(opt, model, x, y))
-    for p, q in zip(model.parameters(), straight, strict=True):
-        assert torch.equal(p, q)
-
-
-@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
-def test_model_and_optimizer_copy_and_train_identically(how):
-    model = small_net()
-    opt = ngvi.VOGN(model, 64, lr=0.05, init_prec=10.0, curvature="fisher", likelihood="categorical")
-    x, y = batch()
-    opt.step(fisher_closure(opt, model, x, y))
-    pickle.dumps(model)  # the model alone, with the optimizer attached
-    copy.deepcopy(model)
-    model2, opt2 = (
-        pickle.loads(pickle.dumps((model, opt))) if how == "pickle" else copy.deepcopy((model, opt))
-    )
-    assert opt2.model is model2 and opt2.param_groups[0]["params"][0] is next(model2.parameters())
-    for m, o in ((model, opt), (model2, opt2)):
-        for _ in range(2):
-            o.step(fisher_closure(o, m, x, y))
-    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
-        assert torch.equal(p, q)
-    assert isinstance(opt2.posterior(), ngvi.DiagonalGaussian)
-
-
-def test_add_param_group_is_refused():
-    opt = ngvi.VOGN(small_net(), 10)
-    with pytest.raises(ValueError, match="add_param_group"):
-        opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import ngvi
-from conftest import DIAGONAL_OPTIMIZERS, build, train
 from ngvi._tensorlist import TensorList
 from ngvi.optim._perturbation import slices
+from optimizer_db import BY_NAME, trainers
 
 
 def wide_mlp(seed: int = 0) -> nn.Module:
@@ -33,18 +33,18 @@ def plain(opt):
     return Plain
 
 
-@pytest.mark.parametrize("name", sorted(DIAGONAL_OPTIMIZERS))
-def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(name):
+@pytest.mark.parametrize("info", trainers(lambda info: info.engine and info.cls._elementwise))
+def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info):
     runs = []
     for force_plain in (False, True):
         model = wide_mlp()
-        opt, create_graph = build(name, model, seed=3, **({} if name == "badam" else {"mc_samples": 2}))
+        opt = info.build(model, seed=3, **({"mc_samples": 2} if info.mc_samples else {}))
         if force_plain:
             opt.__class__ = plain(opt)
             assert not opt._elementwise
         else:
             assert len(slices(list(model.parameters()), opt._elementwise)) > 1
-        train(model, opt, 4, create_graph)
+        info.train(model, opt, 4)
         with opt.sampled_params():
             sample = [p.detach().clone() for p in model.parameters()]
         runs.append([p.detach().clone() for p in model.parameters()] + sample)
@@ -61,7 +61,7 @@ def test_elementwise_is_not_inherited_by_an_overriding_update():
     model = wide_mlp()
     opt = GroupWide(model.parameters(), 64, init_prec=50.0)
     assert ngvi.Vadam(model.parameters(), 64)._elementwise and not opt._elementwise
-    train(model, opt, 2)
+    BY_NAME["vadam"].train(model, opt, 2)
 
 
 def test_finiteness_check_accepts_huge_values_and_rejects_nan_and_inf():

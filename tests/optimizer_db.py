@@ -23,9 +23,8 @@ The facts below were read off the classes, not assumed:
   without gradients silently); their ``sampled_params(train=True)`` block is one plain Adam gradient.
 * ``mc_samples``: BAdam (gradient at the mean) and MAP (a point estimate) refuse ``mc_samples != 1``.
 * ``manual_form``: how to step without a closure. ``"samples"``: backward passes inside
-  ``sampled_params(train=True)`` blocks, one MC sample each, then ``step()``. ``"mean"`` (BAdam): a backward
-  pass at the mean, outside any block, then ``step()`` (its step never perturbs, but ``sampled_params`` does,
-  also with ``train=True``, so a block would give the gradient at a sample). ``"adam"`` (MAP, MC dropout):
+  ``sampled_params(train=True)`` blocks, one MC sample each, then ``step()`` (BAdam's training block holds
+  μ: its gradient is taken at the mean). ``"adam"`` (MAP, MC dropout):
   one backward pass (a block is allowed and changes nothing but dropout's mode), then ``step()``.
 * ``posterior``: ``"diagonal"`` (DiagonalGaussian), ``"kronecker"`` (NoisyKFAC's KroneckerGaussian) or
   None: MAP's ``posterior()`` raises NotImplementedError (a point estimate, not a point-mass Gaussian) and so
@@ -300,7 +299,7 @@ TRAINERS: list[TrainerInfo] = [
         ngvi.BAdam,
         _factory(ngvi.BAdam, data_size=N, lr=1e-2, prior_prec=1.0),
         mc_samples=False,
-        manual_form="mean",
+        manual_form="samples",
         bad_arguments=(
             ({"eps": 0.0}, "eps must be > 0, got 0.0"),
             ({"mc_samples": 2}, "takes its gradient at the mean .*mc_samples must be 1, got 2"),

@@ -158,11 +158,8 @@ def test_manual_form_equals_the_closure_form(info, samples):
                 opt.step(closure)
                 continue
             for _ in range(samples):
-                if info.manual_form == "mean":
+                with opt.sampled_params(train=True):
                     closure()
-                else:
-                    with opt.sampled_params(train=True):
-                        closure()
             opt.step()
         runs.append(params_of(model))
     assert_same(runs[0], runs[1])

@@ -212,10 +212,11 @@ class VariationalOptimizer(Optimizer):
         """Within the block, the parameters hold one posterior sample θ ~ q; on exit μ is restored.
 
         With ``train=True`` the gradient left in ``p.grad`` by a backward pass inside the block is kept as
-        one MC sample for the next ``step()`` (call ``zero_grad()`` inside the block first). The weights
-        are restored even if the block raises; a sample whose block raised is discarded.
+        one MC sample for the next ``step()`` (call ``zero_grad()`` inside the block first; a rule that takes
+        its gradient at the mean, BAdam, then holds μ). The weights are restored even if the block raises; a
+        sample whose block raised is discarded.
         """
-        with self._sample_scope(perturb=True, train=train):
+        with self._sample_scope(perturb=self.perturbs_in_step or not train, train=train):
             yield
 
     @contextlib.contextmanager

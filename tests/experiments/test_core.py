@@ -170,21 +170,16 @@ def test_bad_arguments_exit_2_with_one_line(argv, expected, capsys):
     assert expected in line and line.startswith("ngvi")
 
 
+def _uci_argv(out) -> list[str]:
+    """A valid `ngvi uci` command whose data folder is missing (so it never fits anything)."""
+    return ["uci", "--datasets", "yacht", "--methods", "vadam", "--out", str(out), "--data-dir", "/nowhere"]
+
+
 @pytest.mark.parametrize("content", [b"[]", b"\xff\xfe garbage"])
 def test_out_mistakes_exit_2_with_one_line_naming_the_path(tmp_path, capsys, content):
     file = tmp_path / "results.json"
     file.write_bytes(content)
-    argv = [
-        "uci",
-        "--datasets",
-        "yacht",
-        "--methods",
-        "vadam",
-        "--out",
-        str(tmp_path),
-        "--data-dir",
-        "/nowhere",
-    ]
+    argv = _uci_argv(tmp_path)
     assert cli.main(argv) == 2
     line = _one_line_error(capsys)
     assert str(file) in line and "choose another --out" in line
@@ -284,16 +279,6 @@ def test_list_reads_the_registries(capsys):
 
 def test_results_json_of_a_resumed_run_keeps_its_config(tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps({"config": {"seed": 5}, "runs": {}}))
-    argv = [
-        "uci",
-        "--datasets",
-        "yacht",
-        "--methods",
-        "vadam",
-        "--out",
-        str(tmp_path),
-        "--data-dir",
-        "/nowhere",
-    ]
+    argv = _uci_argv(tmp_path)
     assert cli.main(argv) == 2
     assert "another configuration" in _one_line_error(capsys)

@@ -1,38 +1,78 @@
-"""`ngvi demo` in its reduced form: runs through the CLI and writes its PNG, table and results."""
+"""`ngvi demo` in its reduced form: runs through the CLI, writes its PNG, table and results, resumes, shows
+every band whole, and refuses an unusable --out before it trains anything."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from ngvi.experiments import demo
 from ngvi.experiments.cli import main
+from ngvi.experiments.data.toy import ToyRegression, toy_regression
 
 
 def test_demo_quick_writes_png_table_and_resumes(tmp_path):
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--out", str(out), "--methods", "vadam,badam"]) == 0
+    args = ["demo", "--quick", "--out", str(out), "--jobs", "1"]
+    assert main([*args, "--methods", "vadam,badam"]) == 0
     png = (out / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     table = (out / "table.md").read_text()
     assert "| Vadam |" in table and "| BAdam (linearised) |" in table
-    results = json.loads((out / "results.json").read_text())
-    assert set(results["methods"]) == {"vadam", "badam"}
-    assert all(r["test_rmse"] > 0 for r in results["methods"].values())
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert set(runs) == {"vadam", "badam"}
+    for r in runs.values():
+        assert 0 < r["train_range_rmse"] < r["test_rmse"] < 5  # the fit is better where the data is
+        assert len(r["pred_mean"]) == len(r["pred_std"]) == len(toy_regression().x_test)
     # a rerun with one more method trains only that one
-    before = results["methods"]["vadam"]["seconds"]
-    assert main(["demo", "--quick", "--out", str(out), "--methods", "vadam,badam,vprop"]) == 0
-    results = json.loads((out / "results.json").read_text())
-    assert results["methods"]["vadam"]["seconds"] == before and "vprop" in results["methods"]
+    assert main([*args, "--methods", "vadam,badam,vprop"]) == 0
+    again = json.loads((out / "results.json").read_text())["runs"]
+    assert again["vadam"] == runs["vadam"] and "vprop" in again
 
 
-def test_demo_full_method_list_quick(tmp_path):
-    assert main(["demo", "--quick", "--steps", "10", "--out", str(tmp_path)]) == 0
+def test_every_method_runs(tmp_path):
+    assert main(["demo", "--steps", "5", "--out", str(tmp_path), "--jobs", "2"]) == 0
     rows = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(rows) - 1 >= 9  # header + one row per optimizer
+    assert len(rows) == 1 + len(demo.OPTIONS)  # the header and one row per optimizer
 
 
-def test_unknown_method_is_a_clear_error(tmp_path, capsys):
-    assert main(["demo", "--quick", "--out", str(tmp_path), "--methods", "sgd"]) == 2
-    assert "unknown demo method" in capsys.readouterr().err
+def test_the_y_range_holds_every_band_whole():
+    """The figure must not hide where a method is confidently wrong (the old fixed [−1.5, 2.5] did)."""
+    data = toy_regression()
+    n = len(data.x_test)
+    done = {
+        "a": {"pred_mean": list(np.linspace(-3.0, 1.0, n)), "pred_std": [0.3] * n},
+        "b": {"pred_mean": [0.0] * n, "pred_std": list(np.linspace(0.0, 2.0, n))},
+    }
+    truth = ToyRegression.curve(data.x_test)[:, 0].numpy()
+    low, high = demo.band_limits(done, truth, data)
+    noise = 1.0 / demo.NOISE_PREC
+    assert low < -3.0 - 2 * np.sqrt(0.09 + noise) and high > 2 * np.sqrt(4.0 + noise)
+
+
+def test_unusable_out_is_refused_before_training(tmp_path, capsys):
+    file = tmp_path / "file"
+    file.write_text("keep")
+    assert main(["demo", "--quick", "--out", str(file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file, not a folder" in err and "Traceback" not in err
+    assert file.read_text() == "keep"
+    (tmp_path / "results.json").write_text("[1]")
+    assert main(["demo", "--quick", "--out", str(tmp_path)]) == 2
+    assert "not an ngvi results file" in capsys.readouterr().err
+    assert (tmp_path / "results.json").read_text() == "[1]" and not (tmp_path / "demo.png").exists()
+
+
+def test_bad_arguments_are_one_line(tmp_path, capsys):
+    for argv, expected in (
+        (["--methods", "sgd"], "--methods: unknown sgd"),
+        (["--steps", "0"], "--steps: expected a positive integer, got 0"),
+        (["--seed", "-1"], "--seed: expected an integer ≥ 0, got -1"),
+    ):
+        assert main(["demo", "--out", str(tmp_path), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and expected in err, err
 
 
 def test_list_names_methods_and_datasets(capsys):

@@ -1,7 +1,7 @@
 """Step time and peak memory of VOGN and noisy K-FAC relative to torch.optim.Adam, measured in one run.
 
-    python benchmarks/bench_curvature.py --threads 1,2           # CPU; writes docs/results/bench/curvature.md
-    python benchmarks/bench_curvature.py --device cuda --out -     # print only
+    python -m ngvi.experiments.bench.curvature --threads 1,2     # CPU; writes docs/results/bench/curvature.md
+    python -m ngvi.experiments.bench.curvature --device cuda --out -   # print only
 
 Models: the MLP 784-1000-1000-10 (batch 256) and a small CNN (conv 32 → pool → conv 64 → pool → 128 → 10 on
 1×28×28, batch 256), random data. Every optimizer trains its own copy of the same initial weights.
@@ -39,29 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import ngvi
+from ngvi.experiments.bench.measure import mlp
+from ngvi.experiments.core import models
 
 INV_EVERY = 20
-
-
-def mlp() -> nn.Module:
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(784, 1000), nn.ReLU(), nn.Linear(1000, 1000), nn.ReLU(), nn.Linear(1000, 10)
-    )
-
-
-def cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(64 * 7 * 7, 128),
-        nn.ReLU(),
-        nn.Linear(128, 10),
-    )
 
 
 def make_optimizers(model: nn.Module, n: int) -> dict[str, tuple[torch.optim.Optimizer, bool]]:
@@ -233,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="docs/results/bench/curvature.md", help="Markdown file or -")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    factories = {"mlp": mlp, "cnn": cnn}
+    factories = {"mlp": mlp, "cnn": models.cnn}
     rows = []
     default_threads = torch.get_num_threads()
     for threads in [int(t) or default_threads for t in args.threads.split(",")]:
@@ -252,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             "# Curvature optimizers: step time and peak memory relative to Adam",
             "",
-            f"`python benchmarks/bench_curvature.py {command}`",
+            f"`python -m ngvi.experiments.bench.curvature {command}`",
             "",
             f"torch {torch.__version__}, {device.type} ({where}), batch {args.batch}, "
             f"{args.rounds}×{INV_EVERY} timed steps per optimizer after {args.warmup} warm-up steps, "

@@ -1,7 +1,7 @@
 """Before/after step times of the engine, in one run: this checkout's ngvi against an older commit's.
 
     mkdir -p /tmp/ngvi-before && git archive dc9aefd src | tar -x -C /tmp/ngvi-before   # before the fast path
-    PYTHONPATH=src python benchmarks/before_after.py --before /tmp/ngvi-before/src --threads 1
+    PYTHONPATH=src python -m ngvi.experiments.bench.before_after --before /tmp/ngvi-before/src --threads 1
 
 The older package is imported under the name ``ngvi_before`` (its modules import each other relatively),
 and every optimizer of both versions trains its own copy of the MLP 784-1000-1000-10 at batch 256, timed
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import ngvi
-from ngvi.experiments import bench
+from ngvi.experiments.bench import measure, methods
 
 RULES = ("Vadam", "Vprop", "VON", "IVON", "NoisyAdam", "BAdam")
 
@@ -42,17 +42,18 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     before = import_as("ngvi_before", args.before)
-    n = bench.DATA_SIZE
-    methods = {"adam": bench.Method("torch.optim.Adam (foreach)", bench._adam)}
+    n = methods.DATA_SIZE
+    timed = {"adam": methods.methods()["adam"]}
     for rule in RULES:
         kw = {"init_prec": 100.0} if rule in ("Vadam", "Vprop", "VON") else {}
         for tag, package in (("before", before), ("after", ngvi)):
             cls = getattr(package, rule)
-            methods[f"{rule}-{tag}"] = bench.Method(
-                f"{rule} ({tag})", bench._ngvi(lambda m, cls=cls, kw=kw: cls(m.parameters(), n, seed=0, **kw))
+            timed[f"{rule}-{tag}"] = methods.Method(
+                f"{rule} ({tag})",
+                methods.trainer_step(lambda m, cls=cls, kw=kw: cls(m.parameters(), n, seed=0, **kw)),
             )
-    problem = bench.problems(quick=False)["mlp"]
-    res = bench.run_problem(problem, methods, torch.device("cpu"), 5, args.rounds, args.steps, False, None)
+    problem = measure.problems(quick=False)["mlp"]
+    res = measure.run_problem(problem, timed, torch.device("cpu"), 5, args.rounds, args.steps, False, None)
     adam = res["methods"]["adam"]["seconds"]
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, {threads} threads; Adam {1e3 * adam:.1f} ms per step\n")

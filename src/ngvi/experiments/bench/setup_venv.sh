@@ -3,7 +3,7 @@
 # them. torch stays 2.13.0: the references are installed with --no-deps (with the two small pure-Python
 # packages BackPACK imports), and the script checks the torch version at the end.
 #
-#   bash benchmarks/setup_bench_venv.sh [VENV]        # default VENV: ../bench-venv
+#   bash src/ngvi/experiments/bench/setup_venv.sh [VENV]        # default VENV: ../bench-venv
 #   PYTHONPATH=src VENV/bin/python -m ngvi.cli bench --out docs/results/bench --noise-variants
 set -euo pipefail
 VENV=${1:-../bench-venv}

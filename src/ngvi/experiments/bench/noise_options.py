@@ -1,6 +1,6 @@
 """What the engine's noise options buy and cost: generation time, and the statistics of the estimators.
 
-    python benchmarks/noise_options.py --out docs/results/bench/noise.md
+    python -m ngvi.experiments.bench.noise_options --out docs/results/bench/noise.md
 
 Time: drawing one ε for the MLP 784-1000-1000-10 (1.8M parameters), per sample, with torch's CPU generator
 (mt19937 + vectorised Box-Muller) in float32 and float64, antithetic pairs (one draw per two samples), and

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from ..core import args as types
+from ..core.runner import Experiment, Job, Run
+from .measure import environment, problems, run_problem, sweep_problem
+from .methods import availability, methods
+from .report import SWEEP_METHODS, plot_scaling, table
+
+
+def _default_device() -> torch.device:
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return acc if acc is not None else torch.device("cpu")
+
+
+class Bench(Experiment):
+    name = "bench"
+    help = "step time and peak memory of every optimizer against torch.optim.Adam and the floor (~15 min)"
+    default_out = "runs/bench"
+    parallel = False  # timings: one job after another, in this process
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: the accelerator if any)")
+        parser.add_argument("--quick", action="store_true", help="tiny models and few steps: a smoke run")
+        parser.add_argument(
+            "--methods",
+            type=types.names(methods(noise_variants=True)),
+            default=None,
+            help=f"comma-separated subset of: {', '.join(methods(noise_variants=True))}",
+        )
+        parser.add_argument("--models", type=types.names(("mlp", "cnn")), default=None, help="mlp, cnn")
+        parser.add_argument(
+            "--sweep",
+            type=lambda text: [types.positive_int(w) for w in text.split(",") if w.strip()],
+            default=None,
+            help="MLP widths for the scaling plot (default 100,300,1000,3000; '' for none)",
+        )
+        parser.add_argument(
+            "--warmup", type=types.positive_int, default=5, help="untimed steps first (default 5)"
+        )
+        parser.add_argument(
+            "--rounds", type=types.positive_int, default=6, help="interleaved rounds (default 6)"
+        )
+        parser.add_argument(
+            "--steps",
+            type=types.positive_int,
+            default=10,
+            help="timed steps per method per round (default 10)",
+        )
+        parser.add_argument(
+            "--threads", type=types.positive_int, default=None, help="torch threads (default: torch's)"
+        )
+        parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+        parser.add_argument("--noise-variants", action="store_true", help="also time noise='antithetic'")
+
+    def _settings(self, args: argparse.Namespace) -> dict[str, Any]:
+        all_methods = methods(args.noise_variants)
+        names = args.methods or [
+            n for n in all_methods if not n.endswith("-antithetic") or args.noise_variants
+        ]
+        names = ["adam", "floor", *[n for n in names if n not in ("adam", "floor")]]  # the references first
+        quick = args.quick
+        return {
+            "quick": quick,
+            "methods": names,
+            "models": args.models or list(problems(quick)),
+            "sweep": args.sweep
+            if args.sweep is not None
+            else ([16, 48] if quick else [100, 300, 1000, 3000]),
+            "warmup": 2 if quick else args.warmup,
+            "rounds": 2 if quick else args.rounds,
+            "steps": 2 if quick else args.steps,
+            "device": str(torch.device(args.device) if args.device else _default_device()),
+            "threads": args.threads or torch.get_num_threads(),
+            "memory": not args.no_memory,
+            "noise_variants": args.noise_variants,
+        }
+
+    def config(self, args: argparse.Namespace) -> dict[str, Any]:
+        return self._settings(args)
+
+    def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
+        settings = self._settings(args)
+        jobs = [Job(f"problem/{key}", {**settings, "problem": key}) for key in settings["models"]]
+        jobs += [Job(f"sweep/{width}", {**settings, "width": width}) for width in settings["sweep"]]
+        return jobs
+
+    def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Every chosen method on one problem, timed in interleaved rounds (and its memory, if asked)."""
+        torch.set_num_threads(spec["threads"])  # the runner restores its own setting afterwards
+        all_methods = methods(spec["noise_variants"])
+        chosen = {n: all_methods[n] for n in spec["methods"] if availability(all_methods[n]) is None}
+        device = torch.device(spec["device"])
+        if "problem" in spec:
+            problem = problems(spec["quick"])[spec["problem"]]
+            return run_problem(
+                problem, chosen, device, spec["warmup"], spec["rounds"], spec["steps"], spec["memory"], None
+            )
+        sweep = {n: m for n, m in chosen.items() if n in SWEEP_METHODS}
+        batch = 16 if spec["quick"] else 256
+        return run_problem(
+            sweep_problem(spec["width"], batch), sweep, device, max(2, spec["warmup"] // 2), spec["rounds"],
+            max(2, spec["steps"] // 2), False, None,
+        )  # fmt: skip
+
+    def report(self, args: argparse.Namespace, run: Run) -> None:
+        settings = self._settings(args)
+        all_methods = methods(args.noise_variants)
+        runs = run.results["runs"]
+        results = {
+            "environment": environment(torch.device(settings["device"])) | {"threads": settings["threads"]},
+            "problems": {k: runs[f"problem/{k}"] for k in settings["models"]},
+            "sweep": {str(w): runs[f"sweep/{w}"] for w in settings["sweep"]},
+            "missing": {n: why for n in settings["methods"] if (why := availability(all_methods[n]))},
+        }
+        run.results["environment"] = results["environment"]
+        run.save()
+        (run.out / "table.md").write_text(table(results))
+        plot_scaling(results, run.out / "scaling.png")
+        print((run.out / "table.md").read_text())
+        print(f"wrote {run.out / 'table.md'}, {run.out / 'scaling.png'} and {run.out / 'results.json'}")
+
+
+EXPERIMENT = Bench()

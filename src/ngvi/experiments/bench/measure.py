@@ -1,0 +1,184 @@
+"""Timing and peak memory of the bench's methods on its problems, interleaved within one run."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import ngvi
+
+from ..core import models
+from .methods import Method, Step
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    build: Callable[[], nn.Module]
+    input_shape: tuple[int, ...]
+    batch: int
+
+    def data(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(self.batch, *self.input_shape, generator=gen)
+        y = torch.randint(0, 10, (self.batch,), generator=gen)
+        return x.to(device), y.to(device)
+
+    def model(self, device: torch.device) -> nn.Module:
+        torch.manual_seed(0)
+        return self.build().to(device)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.build().parameters())
+
+
+def mlp(width: int = 1000) -> nn.Module:
+    return models.mlp(784, [width, width], 10, flatten=True)
+
+
+def problems(quick: bool) -> dict[str, Problem]:
+    if quick:
+        return {
+            "mlp": Problem("MLP 784-32-32-10", lambda: mlp(32), (784,), 16),
+            "cnn": Problem("CNN 4-8 on 1×12×12", lambda: models.cnn(4, 12), (1, 12, 12), 8),
+        }
+    return {
+        "mlp": Problem("MLP 784-1000-1000-10, batch 256", mlp, (784,), 256),
+        "cnn": Problem("CNN 32-64-128 on 1×28×28, batch 256", models.cnn, (1, 28, 28), 256),
+    }
+
+
+def sweep_problem(width: int, batch: int) -> Problem:
+    return Problem(f"MLP 784-{width}-{width}-10", lambda: mlp(width), (784,), batch)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def time_steps(
+    steppers: dict[str, Step],
+    device: torch.device,
+    warmup: int,
+    rounds: int,
+    steps: dict[str, int],
+    bar: Any = None,
+) -> dict[str, list[float]]:
+    """Seconds per step, interleaved: each round runs ``steps[name]`` consecutive steps of each method."""
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+        _sync(device)
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    for _ in range(rounds):
+        for name, step in steppers.items():
+            for _ in range(steps[name]):
+                start = time.perf_counter()
+                step()
+                _sync(device)
+                times[name].append(time.perf_counter() - start)
+            if bar is not None:
+                bar.update()
+    return times
+
+
+def peak_memory(build: Callable[[], Step], device: torch.device, steps: int = 3) -> int:
+    """Peak live tensor bytes while building the model and optimizer and taking ``steps`` steps."""
+    if device.type != "cpu":
+        mem = torch.accelerator.memory
+        mem.empty_cache()
+        before = mem.memory_allocated(device)
+        mem.reset_peak_memory_stats(device)
+        step = build()
+        for _ in range(steps):
+            step()
+        _sync(device)
+        return int(mem.max_memory_allocated(device) - before)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step = build()
+        for _ in range(steps):
+            step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    mem = [e["args"] for e in events if e.get("name") == "[memory]"]
+    if not mem:
+        return 0
+    # The reporter's running total carries bytes allocated in earlier sessions and freed outside them:
+    # measure from the total just before this session's first allocation.
+    base = mem[0]["Total Allocated"] - mem[0]["Bytes"]
+    return int(max(e["Total Allocated"] for e in mem) - base)
+
+
+def summarise(method: Method, times: list[float]) -> float:
+    """Seconds per step: the median, or for amortised methods the mean over whole cycles."""
+    if method.amortised:
+        whole = len(times) - len(times) % method.cycle
+        return statistics.fmean(times[:whole] if whole else times)
+    return statistics.median(times)
+
+
+def run_problem(
+    problem: Problem,
+    chosen: dict[str, Method],
+    device: torch.device,
+    warmup: int,
+    rounds: int,
+    steps: int,
+    memory: bool,
+    bar: Any,
+) -> dict[str, Any]:
+    x, y = problem.data(device)
+    steppers, per_round = {}, {}
+    for name, method in chosen.items():
+        steppers[name] = method.build(problem.model(device), x, y)
+        per_round[name] = max(steps, method.cycle) if method.amortised else steps
+    times = time_steps(steppers, device, warmup, rounds, per_round, bar)
+    del steppers
+    out: dict[str, Any] = {"problem": problem.name, "params": problem.num_params(), "methods": {}}
+    for name, method in chosen.items():
+        entry = {"label": method.label, "seconds": summarise(method, times[name]), "n": len(times[name])}
+        entry["median"] = statistics.median(times[name])
+        entry["mean"] = statistics.fmean(times[name])
+        if memory:
+            build = lambda method=method: method.build(problem.model(device), x, y)  # noqa: E731
+            entry["peak_bytes"] = peak_memory(build, device)
+        out["methods"][name] = entry
+    return out
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    info = {
+        "torch": torch.__version__,
+        "ngvi": ngvi.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = [round(v, 2) for v in os.getloadavg()]
+    for package in ("ivon", "backpack"):
+        try:
+            from importlib.metadata import version
+
+            info[package] = version({"ivon": "ivon-opt", "backpack": "backpack-for-pytorch"}[package])
+        except Exception:
+            info[package] = None
+    return info

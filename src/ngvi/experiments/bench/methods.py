@@ -1,0 +1,170 @@
+"""What ``ngvi bench`` times: each method builds a step function for a fresh model.
+
+ngvi's trainers come from the harness's registry (:data:`ngvi.experiments.core.METHODS`) and train with its
+one closure. Beside them: ``torch.optim.Adam`` (the reference of every ratio), the *floor* (an Adam step plus
+one standard-normal draw per weight: the least any weight-perturbation method can cost), the compiled rules
+(``compile=True``) and the optional reference implementations (ivon-opt, BackPACK).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..core import training
+from ..core.methods import METHODS as REGISTRY
+
+DATA_SIZE = 60_000
+Step = Callable[[], Any]
+Build = Callable[[nn.Module, torch.Tensor, torch.Tensor], Step]
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    build: Build
+    requires: str = ""  # what must be importable ("ngvi.VOGN", "ivon", ...)
+    amortised: bool = False  # report the mean over whole cycles, not the median step
+    cycle: int = 1
+
+
+def _adam(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    closure = training.closure(model, opt, F.cross_entropy, x, y)
+    return lambda: opt.step(closure)
+
+
+def _floor(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    """An Adam step plus one N(0, 1) draw per weight into a kept buffer: the work every weight-perturbation
+    step must do at least (the optimizers' own generators are torch's CPU generator too)."""
+    adam = _adam(model, x, y)
+    buffers = [torch.empty_like(p) for p in model.parameters()]
+    generator = torch.Generator(device=buffers[0].device).manual_seed(0)
+
+    def step() -> Any:
+        for b in buffers:
+            b.normal_(generator=generator)
+        return adam()
+
+    return step
+
+
+def trainer_step(factory: Callable[[nn.Module], Any]) -> Build:
+    """``opt.step(closure)`` of the trainer ``factory(model)``, with the harness's one closure."""
+
+    def build(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+        opt = factory(model)
+        closure = training.closure(model, opt, F.cross_entropy, x, y)
+        return lambda: opt.step(closure)
+
+    return build
+
+
+def ngvi_method(name: str, **options: Any) -> Build:
+    """A step of the registry's method ``name``, built with ``options`` beside data_size."""
+    return trainer_step(lambda model: REGISTRY[name].build(model, DATA_SIZE, **options))
+
+
+def _ivon_opt(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    import ivon  # the reference implementation (pip ivon-opt)
+
+    opt = ivon.IVON(model.parameters(), lr=0.1, ess=DATA_SIZE, hess_init=1.0)
+
+    def step() -> None:
+        with opt.sampled_params(train=True):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def _backpack_sgs_adam(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    """BackPACK's per-example squared-gradient sums (VOGN's curvature), then an Adam step."""
+    from backpack import backpack, extend
+    from backpack.extensions import SumGradSquared
+
+    model = extend(model)
+    loss_fn = extend(nn.CrossEntropyLoss())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        with backpack(SumGradSquared()):
+            loss.backward()
+        opt.step()
+
+    return step
+
+
+#: each registry method's options here (beside data_size): the weight-perturbation rules start at init_prec
+OPTIONS: dict[str, dict[str, Any]] = {
+    "vadam": {"init_prec": 100.0, "seed": 0},
+    "vprop": {"init_prec": 100.0, "seed": 0},
+    "von": {"init_prec": 100.0, "seed": 0},
+    "ivon": {"seed": 0},
+    "noisy_adam": {"seed": 0},
+    "badam": {"seed": 0},
+    "vogn": {"seed": 0},
+    "noisy_kfac": {"inv_every": 20, "seed": 0},
+    "bbvi": {"lr": 1e-3, "seed": 0},
+}
+COMPILED = ("vadam", "vprop", "ivon")
+
+
+def methods(noise_variants: bool = False) -> dict[str, Method]:
+    out = {
+        "adam": Method("torch.optim.Adam (foreach)", _adam),
+        "floor": Method("floor: Adam + one N(0,1) draw per weight", _floor),
+    }
+    for name, options in OPTIONS.items():
+        registered = REGISTRY[name]
+        label = f"ngvi.{registered.cls}" + (" (amortised over inv_every=20)" if name == "noisy_kfac" else "")
+        out[name] = Method(
+            label,
+            ngvi_method(name, **options),
+            requires=f"ngvi.{registered.cls}",
+            amortised=name == "noisy_kfac",
+            cycle=20 if name == "noisy_kfac" else 1,
+        )
+    for name in COMPILED:
+        cls = REGISTRY[name].cls
+        out[f"{name}-compiled"] = Method(
+            f"ngvi.{cls}, compile=True", ngvi_method(name, compile=True, **OPTIONS[name])
+        )
+    out["ivon-opt"] = Method("ivon-opt IVON (reference)", _ivon_opt, requires="ivon")
+    out["backpack"] = Method(
+        "BackPACK SumGradSquared + Adam (reference)", _backpack_sgs_adam, requires="backpack"
+    )
+    if noise_variants:
+        for name in ("vadam", "ivon"):
+            options = {**OPTIONS[name], "noise": "antithetic"}
+            out[f"{name}-antithetic"] = Method(
+                f"ngvi.{REGISTRY[name].cls}, noise='antithetic'", ngvi_method(name, **options)
+            )
+    return out
+
+
+def availability(method: Method) -> str | None:
+    """None if the method can run here, else why not."""
+    if not method.requires:
+        return None
+    if method.requires.startswith("ngvi."):
+        module, _, name = method.requires.rpartition(".")
+        try:
+            ok = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            ok = False
+        return None if ok else "not available in this build"
+    try:
+        importlib.import_module(method.requires)
+    except Exception as err:  # an installed package that fails with this torch says so here
+        return f"`{method.requires}` not importable ({type(err).__name__}: {err})"[:160]
+    return None

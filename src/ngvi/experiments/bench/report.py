@@ -1,0 +1,130 @@
+"""``ngvi bench``'s table (× Adam, × floor, × the references, memory) and its scaling plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.report import markdown_table
+
+SWEEP_METHODS = ("adam", "floor", "vadam", "ivon", "ivon-opt", "vogn", "backpack")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a is not None and b else "–"
+
+
+def table(results: dict[str, Any]) -> str:
+    env = results["environment"]
+    lines = [
+        "# ngvi bench: step time and peak memory against torch.optim.Adam (same run)\n",
+        f"torch {env['torch']}, {env['device']}, threads: {env['threads']}, {env['processor']}; "
+        f"load average at the end {env.get('load_average')}; ivon-opt {env.get('ivon')}, "
+        f"backpack-for-pytorch {env.get('backpack')}.\n",
+        "Time: median step (NoisyKFAC: mean over whole inversion cycles), ratios within one run. The floor "
+        "is an Adam step plus one standard-normal draw per weight: the least a weight-perturbation step can "
+        "cost. "
+        "Memory: peak live tensor bytes over model + optimizer construction and three steps.\n",
+    ]
+    for res in results["problems"].values():
+        ms = res["methods"]
+        refs = ("adam", "floor", "ivon-opt", "backpack")
+        ref = {k: ms[k]["seconds"] if k in ms else None for k in refs}
+        mem_adam = ms["adam"].get("peak_bytes")
+        rows = []
+        for r in ms.values():
+            peak = r.get("peak_bytes")
+            times = [_ratio(r["seconds"], ref[k]) for k in refs]
+            memory = [f"{peak / 2**20:.1f}" if peak is not None else "–", _ratio(peak, mem_adam)]
+            rows.append([r["label"], f"{1e3 * r['seconds']:.1f}", *times, *memory])
+        lines.append(f"\n## {res['problem']} ({res['params'] / 1e6:.2f}M parameters)\n")
+        header = [
+            "method",
+            "step [ms]",
+            "× Adam",
+            "× floor",
+            "× ivon-opt",
+            "× BackPACK SGS+Adam",
+            "peak [MiB]",
+        ]
+        lines.append(markdown_table([*header, "memory × Adam"], rows))
+        lines.append(_targets(ms, res["params"]))
+    if results.get("sweep"):
+        lines.append("\n## Size sweep (MLP 784-h-h-10): step time × Adam\n")
+        present = {n for r in results["sweep"].values() for n in r["methods"]}
+        names = [n for n in SWEEP_METHODS if n in present]
+        rows = []
+        for res in results["sweep"].values():
+            adam = res["methods"]["adam"]["seconds"]
+            rows.append(
+                [f"{res['params'] / 1e6:.2f}M", f"{1e3 * adam:.1f}"]
+                + [_ratio(res["methods"][n]["seconds"], adam) if n in res["methods"] else "–" for n in names]
+            )
+        lines.append(markdown_table(["parameters", "Adam [ms]", *names], rows))
+    if results.get("missing"):
+        lines.append("\nNot run: " + "; ".join(f"{k}: {v}" for k, v in results["missing"].items()) + ".\n")
+    return "\n".join(lines)
+
+
+def _targets(ms: dict[str, dict[str, Any]], params: int) -> str:
+    """The project's targets that this problem's numbers can decide."""
+
+    def t(name: str) -> float | None:
+        return ms[name]["seconds"] if name in ms else None
+
+    def m(name: str) -> float | None:
+        return ms[name].get("peak_bytes") if name in ms else None
+
+    checks: list[tuple[str, float, float, bool]] = []  # (target, measured, bound, at most?)
+    for name in ("vadam", "vprop", "ivon"):
+        for variant in (name, f"{name}-compiled"):
+            if t(variant) and t("floor"):
+                checks.append((f"{variant} time ≤ 1.10× the floor", t(variant) / t("floor"), 1.10, True))
+        if t(name) and t("adam"):
+            checks.append((f"{name} time ≤ 1.5× Adam", t(name) / t("adam"), 1.5, True))
+        if t(name) and t("ivon-opt"):
+            checks.append((f"{name} time ≤ 0.5× ivon-opt", t(name) / t("ivon-opt"), 0.5, True))
+    if t("vogn") and t("backpack"):
+        checks.append(("vogn time ≤ 1.0× BackPACK SGS+Adam", t("vogn") / t("backpack"), 1.0, True))
+    if t("noisy_kfac") and t("adam"):
+        checks.append(("noisy_kfac time (amortised) ≤ 2× Adam", t("noisy_kfac") / t("adam"), 2.0, True))
+    one_copy = 4 * params  # float32 parameters
+    if m("vadam") and m("adam"):
+        extra = (m("vadam") - m("adam")) / one_copy
+        checks.append(("vadam peak − Adam's ≤ 1 copy of the parameters [copies]", extra, 1.0, True))
+    if m("bbvi") and m("vadam"):
+        checks.append(("bbvi peak ≥ 1.5× vadam's", m("bbvi") / m("vadam"), 1.5, False))
+    if not checks:
+        return ""
+    rows = [
+        [what, f"{v:.2f}", "met" if (v <= bound if at_most else v >= bound) else "**missed**"]
+        for what, v, bound, at_most in checks
+    ]
+    return "\nProject targets:\n\n" + markdown_table(["target", "measured", ""], rows)
+
+
+def plot_scaling(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = sorted(results.get("sweep", {}).values(), key=lambda r: r["params"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    names = [n for n in SWEEP_METHODS if any(n in r["methods"] for r in sweep)]
+    for name in names:
+        pts = [(r["params"], 1e3 * r["methods"][name]["seconds"]) for r in sweep if name in r["methods"]]
+        label = sweep[0]["methods"][name]["label"] if name in sweep[0]["methods"] else name
+        ax.plot([p for p, _ in pts], [s for _, s in pts], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("time per step [ms]")
+    env = results["environment"]
+    where = f"{env['device']}, threads: {env['threads']}"
+    ax.set_title(f"Step time vs size, MLP 784-h-h-10 ({where})", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -120,9 +120,12 @@ class Bench(Experiment):
         run.results["environment"] = results["environment"]
         run.save()
         (run.out / "table.md").write_text(table(results))
-        plot_scaling(results, run.out / "scaling.png")
+        written = [run.out / "table.md", run.out / "results.json"]
+        if results["sweep"]:
+            plot_scaling(results, run.out / "scaling.png")
+            written.insert(1, run.out / "scaling.png")
         print((run.out / "table.md").read_text())
-        print(f"wrote {run.out / 'table.md'}, {run.out / 'scaling.png'} and {run.out / 'results.json'}")
+        print("wrote " + ", ".join(map(str, written)))
 
 
 EXPERIMENT = Bench()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import multiprocessing
 import signal
 import time
@@ -129,7 +130,7 @@ class Run:
     def map(self, specs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(self.workers.map(self.experiment, specs))
 
-    def run_jobs(self, jobs: Sequence[Job], describe: Any = None) -> None:
+    def run_jobs(self, jobs: Sequence[Job]) -> None:
         """Run the jobs not yet in ``results["runs"]``, saving each result as it arrives."""
         from tqdm import tqdm
 
@@ -145,7 +146,7 @@ class Run:
             ):
                 runs[job.key] = result
                 self.save()
-                bar.set_postfix_str(describe(job) if describe else job.key)
+                bar.set_postfix_str(job.key)
                 bar.update()
         if todo:
             self.results["wall_seconds"] = self.results.get("wall_seconds", 0.0) + time.perf_counter() - start
@@ -174,7 +175,7 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Run:
     """Check the folder, resume from its results, prepare, run the missing jobs, and report."""
     out = ResultsFolder(args.out)
     results = out.load(RESULTS, required=("runs", "config"))
-    config = experiment.config(args)
+    config = json.loads(json.dumps(experiment.config(args)))  # as read back (tuples become lists)
     if results.get("config", config) != config:
         raise ValueError(
             f"{out.path} holds results of another configuration ({results['config']}, now {config}); "

@@ -97,8 +97,9 @@ class VariationalOptimizer(Optimizer):
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
         self.skip_nonfinite = check.boolean("skip_nonfinite", skip_nonfinite)
         self.compile = check.boolean("compile", compile)
-        self.curvature_estimator = None if curvature is None else estimator_for(curvature, self.curvatures)
-        self.plugins = (*([self.curvature_estimator] if curvature is not None else []), *plugins)
+        estimator = None if curvature is None else estimator_for(curvature, self.curvatures)
+        self.curvature_estimator = estimator
+        self.plugins = (*([estimator] if estimator is not None else []), *plugins)
         self.noise_source = NoiseSource.configured(
             seed, noise, noise_dtype, rank_noise, keep=self.needs_noise
         )

@@ -29,7 +29,7 @@ Build = Callable[[nn.Module, torch.Tensor, torch.Tensor], Step]
 class Method:
     label: str
     build: Build
-    requires: str = ""  # what must be importable ("ngvi.VOGN", "ivon", ...)
+    requires: str = ""  # a method of the registry ("vogn") or a package that must import ("ivon")
     amortised: bool = False  # report the mean over whole cycles, not the median step
     cycle: int = 1
 
@@ -130,7 +130,7 @@ def methods(noise_variants: bool = False) -> dict[str, Method]:
         out[name] = Method(
             label,
             ngvi_method(name, **options),
-            requires=f"ngvi.{registered.cls}",
+            requires=name,
             amortised=name == "noisy_kfac",
             cycle=20 if name == "noisy_kfac" else 1,
         )
@@ -156,13 +156,8 @@ def availability(method: Method) -> str | None:
     """None if the method can run here, else why not."""
     if not method.requires:
         return None
-    if method.requires.startswith("ngvi."):
-        module, _, name = method.requires.rpartition(".")
-        try:
-            ok = hasattr(importlib.import_module(module), name)
-        except ImportError:
-            ok = False
-        return None if ok else "not available in this build"
+    if method.requires in REGISTRY:
+        return None if REGISTRY[method.requires].available() else "not available in this build"
     try:
         importlib.import_module(method.requires)
     except Exception as err:  # an installed package that fails with this torch says so here

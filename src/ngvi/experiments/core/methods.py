@@ -106,15 +106,3 @@ METHODS: dict[str, Method] = dict(
         _method("map", "MAP", "baselines.MAP", "Adam with weight decay from the prior", takes_model=True),
     ]
 )
-
-
-def get_methods(names: list[str], known: dict[str, Any] | None = None) -> list[Method]:
-    """The methods named (of ``known``, by default all), or a ValueError naming the unknown ones."""
-    known = METHODS if known is None else known
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(known)} (see `ngvi list`)")
-    missing = [n for n in names if not METHODS[n].available()]
-    if missing:
-        raise ValueError(f"method(s) {missing} are not available in this build of ngvi")
-    return [METHODS[n] for n in names]

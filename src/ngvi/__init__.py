@@ -29,7 +29,7 @@ from .optim import (
     VariationalOptimizer,
     Vprop,
 )
-from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
+from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian, symmetric_kl
 from .predict import predict
 
 __version__ = "0.1.0"
@@ -54,4 +54,5 @@ __all__ = [
     "curvature",
     "metrics",
     "predict",
+    "symmetric_kl",
 ]

@@ -44,6 +44,8 @@ def train(
     batch_size: int | None = None,
     generator: torch.Generator | None = None,
     copies: int = 1,
+    drop_last: bool = False,
+    before_step: Callable[[int], None] | None = None,
     after_epoch: Callable[[int], None] | None = None,
     progress: Any = None,
 ) -> list[float]:
@@ -52,8 +54,10 @@ def train(
     ``batch_size=None`` takes full-batch steps (one per epoch); otherwise each epoch visits a fresh
     permutation (drawn from ``generator``) in minibatches. ``copies`` repeats each minibatch that many times
     in one forward pass (MC samples drawn as rows: under the local reparameterisation every row gets its own
-    noise). ``after_epoch(epoch)`` runs after every epoch (evaluation curves); ``progress`` (a tqdm bar) is
-    advanced once per step."""
+    noise). ``drop_last`` drops each epoch's last, smaller minibatch, so that every step sees exactly
+    ``batch_size`` examples (minibatch-size studies). ``before_step(t)`` runs before step t = 1, 2, … (a
+    schedule that sets the trainer's group hyperparameters); ``after_epoch(epoch)`` runs after every epoch
+    (evaluation curves); ``progress`` (a tqdm bar) is advanced once per step."""
     n = x.shape[0]
     losses = []
     for epoch in range(epochs):
@@ -61,7 +65,11 @@ def train(
         batches = (
             [slice(None)] if batch_size is None else torch.randperm(n, generator=generator).split(batch_size)
         )
+        if drop_last and batch_size is not None and n % batch_size:
+            batches = batches[:-1]
         for idx in batches:
+            if before_step is not None:
+                before_step(len(losses) + 1)
             xb, yb = x[idx], y[idx]
             if copies > 1:
                 xb, yb = xb.repeat(copies, *[1] * (xb.dim() - 1)), yb.repeat(copies, *[1] * (yb.dim() - 1))

@@ -80,3 +80,37 @@ def train(
         if after_epoch is not None:
             after_epoch(epoch)
     return losses
+
+
+def train_steps(
+    model: nn.Module,
+    trainer: Any,
+    x: Tensor,
+    y: Tensor,
+    loss_fn: LossFn,
+    *,
+    steps: int,
+    batch_size: int,
+    generator: torch.Generator | None = None,
+    drop_last: bool = False,
+    before_step: Callable[[int], None] | None = None,
+    progress: Any = None,
+) -> list[float]:
+    """Exactly ``steps`` minibatch steps (for protocols counted in iterations, not epochs): the whole
+    epochs of :func:`train`, then the first minibatches of one more fresh permutation. ``before_step(t)``
+    sees t = 1, …, ``steps`` throughout. Returns the mean loss of every step."""
+    n = x.shape[0]
+    per_epoch = n // batch_size if drop_last else -(-n // batch_size)
+    if per_epoch < 1:
+        raise ValueError(f"batch_size {batch_size} exceeds the {n} examples with drop_last=True")
+    full, rest = divmod(steps, per_epoch)
+    options = dict(batch_size=batch_size, generator=generator, drop_last=drop_last, progress=progress)
+    losses = (
+        train(model, trainer, x, y, loss_fn, epochs=full, before_step=before_step, **options) if full else []
+    )
+    if rest:  # rest < per_epoch whole minibatches of a fresh permutation
+        idx = torch.randperm(n, generator=generator)[: rest * batch_size]
+        offset = len(losses)
+        shifted = None if before_step is None else (lambda t: before_step(offset + t))
+        losses += train(model, trainer, x[idx], y[idx], loss_fn, epochs=1, before_step=shifted, **options)
+    return losses

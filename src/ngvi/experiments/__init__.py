@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "logreg": "logreg",
     "convergence": "convergence",
+    "minima": "minima",
     "list": "listing",
 }
 

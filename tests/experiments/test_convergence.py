@@ -31,28 +31,17 @@ def test_the_two_log_losses_against_their_definitions():
 
 def test_reduced_run_writes_curves_table_and_figure(tmp_path):
     out = tmp_path / "conv"
-    args = [
-        "convergence",
-        "--methods",
-        "vogn,vadam",
-        "--steps",
-        "20",
-        "--seeds",
-        "1",
-        "--out",
-        str(out),
-        "--jobs",
-        "1",
-        "--data-dir",
-        str(data_dir()),
-    ]
+    args = ["convergence", "--methods", "vogn,bbvi", "--steps", "20", "--seeds", "1"]
+    args += ["--out", str(out), "--jobs", "1", "--data-dir", str(data_dir())]
     assert main(args) == 0
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert len(runs) == 3 * 2
+    # BBVI's 16 samples are 16 copies of the minibatch: a different run from its 1 sample
+    assert runs["M1-S16/bbvi/seed0"]["log_loss"][1:] != runs["M1-S1/bbvi/seed0"]["log_loss"][1:]
     for r in runs.values():
         assert r["iterations"] == [0, 10, 20] and len(r["log_loss"]) == len(r["authors_log_loss"]) == 3
         assert r["log_loss"][0] == pytest.approx(math.log(2), abs=0.1)  # random wide networks: p ≈ 1/2
         assert r["authors_log_loss"][0] > 1.0  # the best of 10 wide networks is still a bad one
     table = (out / "table.md").read_text()
-    assert "the authors' metric" in table and "| M = 128, S = 16 | VOGN |" in table
+    assert "the authors' metric" in table and "| M = 128, S = 16 | VOGN |" in table and "| BBVI |" in table
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

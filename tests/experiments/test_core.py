@@ -105,6 +105,9 @@ def test_train_steps_takes_exactly_that_many_full_minibatches():
         nn.Identity(), Recorder(), x, x, loss_fn, steps=4, batch_size=4, generator=torch.Generator()
     )
     assert sizes == [4, 4, 2, 4]  # without drop_last an epoch ends with its remainder
+    sizes.clear()
+    training.train_steps(nn.Identity(), Recorder(), x, x, loss_fn, steps=3, batch_size=4, copies=2)
+    assert sizes == [8, 8, 4]  # copies repeat each minibatch in the same pass
 
 
 def test_mlp_and_cnn_shapes():

@@ -180,6 +180,7 @@ class Convergence(Experiment):
             steps=spec["steps"],
             batch_size=spec["batch_size"],
             generator=torch.Generator().manual_seed(spec["seed"]),
+            copies=copies,
             before_step=before_step,
         )
         if spec["steps"] in marks:

@@ -92,19 +92,23 @@ def train_steps(
     steps: int,
     batch_size: int,
     generator: torch.Generator | None = None,
+    copies: int = 1,
     drop_last: bool = False,
     before_step: Callable[[int], None] | None = None,
     progress: Any = None,
 ) -> list[float]:
     """Exactly ``steps`` minibatch steps (for protocols counted in iterations, not epochs): the whole
     epochs of :func:`train`, then the first minibatches of one more fresh permutation. ``before_step(t)``
-    sees t = 1, …, ``steps`` throughout. Returns the mean loss of every step."""
+    sees t = 1, …, ``steps`` throughout; ``copies`` as in :func:`train`. Returns the mean loss of every
+    step."""
     n = x.shape[0]
     per_epoch = n // batch_size if drop_last else -(-n // batch_size)
     if per_epoch < 1:
         raise ValueError(f"batch_size {batch_size} exceeds the {n} examples with drop_last=True")
     full, rest = divmod(steps, per_epoch)
-    options = dict(batch_size=batch_size, generator=generator, drop_last=drop_last, progress=progress)
+    options = dict(
+        batch_size=batch_size, generator=generator, copies=copies, drop_last=drop_last, progress=progress
+    )
     losses = (
         train(model, trainer, x, y, loss_fn, epochs=full, before_step=before_step, **options) if full else []
     )

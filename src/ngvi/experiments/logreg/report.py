@@ -82,10 +82,15 @@ def _toy(runs: dict[str, Any], refs: dict[str, Any], run: Run) -> str:
     posteriors = {"mf_exact": refs["toy/fixed"]} | {m: runs[f"toy/{m}"] for m in ("vogn", "vadam")}
     lows = [np.array(r["mean"]) - 3 * np.sqrt(r["variance"]) for r in posteriors.values()]
     highs = [np.array(r["mean"]) + 3 * np.sqrt(r["variance"]) for r in posteriors.values()]
+    # and where the true posterior has mass: above 1% of its peak on a coarse wide grid
+    coarse = toy.true_posterior(x, y, np.linspace(-40, 60, 201), np.linspace(-40, 60, 201))
+    rows, cols = np.nonzero(coarse.density > 0.01 * coarse.density.max())
+    lows.append(np.array([coarse.w1[cols].min(), coarse.w2[rows].min()]))
+    highs.append(np.array([coarse.w1[cols].max(), coarse.w2[rows].max()]))
     low, high = np.min(lows, 0), np.max(highs, 0)
-    grid = toy.true_posterior(x, y, np.linspace(low[0], high[0], 400), np.linspace(low[1], high[1], 400))
+    grid = toy.true_posterior(x, y, np.linspace(low[0], high[0], 500), np.linspace(low[1], high[1], 500))
 
-    fig, (ax,) = figure(1, cols=1, size=(7.0, 5.6))
+    fig, (ax,) = figure(1, cols=1, size=(9.0, 9.0 * (high[1] - low[1]) / (high[0] - low[0]) + 0.7))
     levels = grid.density.max() * np.array([0.01, 0.05, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.contourf(grid.w1, grid.w2, grid.density, levels=levels, cmap="Greys", alpha=0.8)
     ax.contour(grid.w1, grid.w2, grid.density, levels=levels[:-1], colors="0.35", linewidths=0.6)
@@ -101,6 +106,7 @@ def _toy(runs: dict[str, Any], refs: dict[str, Any], run: Run) -> str:
     ax.plot(*grid.mean, "k+", ms=12, mew=2, label="true posterior mean")
     ax.set_xlim(low[0], high[0])
     ax.set_ylim(low[1], high[1])
+    ax.set_aspect("equal")  # the true posterior's shape, and the axis-aligned ellipses, as they are
     ax.set_xlabel("weight 1 ($w_1$)")
     ax.set_ylabel("weight 2 ($w_2$)")
     ax.set_title(

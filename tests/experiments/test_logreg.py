@@ -90,20 +90,8 @@ def test_toy_data_and_true_posterior_grid():
 
 def test_quick_run_writes_figures_table_and_the_claims(tmp_path):
     out = tmp_path / "logreg"
-    args = [
-        "logreg",
-        "--quick",
-        "--methods",
-        "vogn,vadam",
-        "--batch-sizes",
-        "1,64",
-        "--out",
-        str(out),
-        "--jobs",
-        "1",
-        "--data-dir",
-        str(data_dir()),
-    ]
+    args = ["logreg", "--quick", "--methods", "vogn,vadam,ivon", "--batch-sizes", "1,64"]
+    args += ["--out", str(out), "--jobs", "1", "--data-dir", str(data_dir())]
     assert main(args) == 0
     for png in ("fig2a_toy.png", "fig2b_breast_cancer.png", "fig2b_usps_3vs5.png", "fig2c_minibatch.png"):
         data = (out / png).read_bytes()
@@ -115,8 +103,10 @@ def test_quick_run_writes_figures_table_and_the_claims(tmp_path):
     assert len(results["references"]) == 1 + 2 * 2 + 1  # toy, 2 splits of 2 data sets, Fig. 2c's split
     for ref in results["references"].values():
         assert ref["max_gradient"] < 1e-6  # MF-Exact converged
+    # the pilot ran IVON with 3 step sizes on split 0 of each data set, and its choice was used
+    assert len(results["pilot"]) == 2 * 3 and "(chosen)" in table
     runs = results["runs"]
-    assert len(runs) == 2 + 2 * 2 * 2 + 3 * 2
+    assert len(runs) == 2 + 2 * 2 * 3 + 3 * 2
     assert all(r["sym_kl"] > 0 for r in runs.values())
     # rerunning resumes: nothing is trained again, the same table comes out
     assert main(args) == 0

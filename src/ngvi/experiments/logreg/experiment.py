@@ -113,7 +113,11 @@ class LogReg(Experiment):
             "methods": list(args.methods),
             "batch_sizes": batch_sizes,
             **budget,
-            "extra_lr": protocol.EXTRA_LR,
+            **(
+                {"pilot": {"base_lr": protocol.BASE_LR, "factors": list(protocol.PILOT_FACTORS)}}
+                if "splits" in args.parts
+                else {}
+            ),
         }
 
     # ------------------------------------------------------------------------------------------------
@@ -133,18 +137,50 @@ class LogReg(Experiment):
             spec["data_dir"] = data_dir
         return specs
 
-    def prepare(self, args: argparse.Namespace, run: Run) -> None:
-        """MF-Exact of every split the jobs need (L-BFGS; well under a second each)."""
-        references = run.results.setdefault("references", {})
-        todo = [
-            s
-            for s in self._reference_specs(self.config(args), args.data_dir)
-            if _key(s["dataset"], _split_name(s["split"])) not in references
+    def _pilot_specs(self, config: dict[str, Any], data_dir: str | None) -> list[dict[str, Any]]:
+        if "splits" not in config["parts"]:
+            return []
+        extras = [m for m in config["methods"] if m in protocol.EXTRA_METHODS]
+        return [
+            {
+                "kind": "pilot",
+                "dataset": d,
+                "method": m,
+                "lr0": protocol.BASE_LR[m] * f,
+                "steps": config["steps"],
+                "data_dir": data_dir,
+            }
+            for d in config["datasets"]
+            for m in extras
+            for f in protocol.PILOT_FACTORS
         ]
-        for spec, result in zip(todo, run.map(todo), strict=True):
-            references[_key(spec["dataset"], _split_name(spec["split"]))] = result
-        if todo:
-            run.save()
+
+    def prepare(self, args: argparse.Namespace, run: Run) -> None:
+        """MF-Exact of every split the jobs need (L-BFGS; well under a second each), then the pilot that
+        chooses each extra row's α₀: split 0 of every data set, α₀ ∈ PILOT_FACTORS × BASE_LR, the fits'
+        budget; the α₀ with the lowest training negative ELBO summed over the data sets is kept. (The
+        symmetric KL to MF-Exact is recorded, but plays no part in the choice.)"""
+        config = self.config(args)
+        stages = (
+            ("references", self._reference_specs(config, args.data_dir), _reference_key),
+            ("pilot", self._pilot_specs(config, args.data_dir), _pilot_key),
+        )
+        for name, specs, key in stages:
+            store = run.results.setdefault(name, {})
+            todo = [s for s in specs if key(s) not in store]
+            for spec, result in zip(todo, run.map(todo), strict=True):
+                store[key(spec)] = result
+            if todo:
+                run.save()
+
+    def chosen_lr(self, config: dict[str, Any], run: Run) -> dict[str, float]:
+        """The pilot's α₀ per extra method: the lowest training negative ELBO summed over the data sets."""
+        totals: dict[str, dict[float, float]] = {}
+        for spec in self._pilot_specs(config, None):
+            by_lr = totals.setdefault(spec["method"], {})
+            neg_elbo = run.results["pilot"][_pilot_key(spec)]["neg_elbo"]
+            by_lr[spec["lr0"]] = by_lr.get(spec["lr0"], 0.0) + neg_elbo
+        return {m: min(by_lr, key=by_lr.__getitem__) for m, by_lr in totals.items()}
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
         config, refs = self.config(args), run.results["references"]
@@ -156,6 +192,7 @@ class LogReg(Experiment):
                 spec = {"kind": "toy", "method": name, "steps": config["toy_steps"], "reference": ref}
                 out.append(Job(_key("toy", name), spec | common))
         if "splits" in config["parts"]:
+            chosen = self.chosen_lr(config, run)
             for dataset in config["datasets"]:
                 for k in range(config["splits"]):
                     ref = refs[_key(dataset, _split_name(k))]
@@ -167,6 +204,7 @@ class LogReg(Experiment):
                             "method": name,
                             "steps": config["steps"],
                             "reference": ref,
+                            "lr0": chosen.get(name),
                         }
                         out.append(Job(_key(dataset, _split_name(k), name), spec | common))
         if "minibatch" in config["parts"]:
@@ -190,6 +228,8 @@ class LogReg(Experiment):
         kind = spec["kind"]
         if kind == "reference":
             return _reference(spec)
+        if kind == "pilot":
+            return _pilot(spec)
         reference = ngvi.DiagonalGaussian(
             [_tensor(spec["reference"]["mean"])], [_tensor(spec["reference"]["variance"])]
         )
@@ -221,7 +261,8 @@ class LogReg(Experiment):
             data, prior, seed = DATASETS[spec["dataset"]], DATASETS[spec["dataset"]].prior_prec, spec["split"]
             split = protocol.load_split(spec["dataset"], spec["split"], spec["data_dir"])
             batch = 1 if spec["method"] == "vogn" else data.batch_size
-            rec = protocol.recipe(spec["method"], split.data_size, batch)
+            extra = {"lr0": spec["lr0"]} if spec["method"] in protocol.EXTRA_METHODS else {}
+            rec = protocol.recipe(spec["method"], split.data_size, batch, **extra)
         elif kind == "minibatch":
             prior, seed = DATASETS["breast_cancer"].prior_prec, spec["run"]
             split = protocol.load_split("breast_cancer", None, spec["data_dir"])
@@ -238,7 +279,16 @@ class LogReg(Experiment):
         }
 
     def report(self, args: argparse.Namespace, run: Run) -> None:
-        report(self.config(args), run)
+        config = self.config(args)
+        report(config, run, self.chosen_lr(config, run))
+
+
+def _reference_key(spec: dict[str, Any]) -> str:
+    return _key(spec["dataset"], _split_name(spec["split"]))
+
+
+def _pilot_key(spec: dict[str, Any]) -> str:
+    return _key(spec["dataset"], spec["method"], f"{spec['lr0']:g}")
 
 
 def _split_name(split: int | None) -> str:
@@ -278,6 +328,18 @@ def _reference(spec: dict[str, Any]) -> dict[str, Any]:
         "max_gradient": gradient,
         "data_size": split.data_size,
     }
+
+
+def _pilot(spec: dict[str, Any]) -> dict[str, Any]:
+    """One fit of the pilot: an extra method on split 0 with one α₀ (its ELBO decides; its KL is recorded)."""
+    data = DATASETS[spec["dataset"]]
+    split = protocol.load_split(spec["dataset"], 0, spec["data_dir"])
+    reference, _ = protocol.mf_exact(split, data.prior_prec)
+    rec = protocol.extra_recipe(spec["method"], split.data_size, data.batch_size, lr0=spec["lr0"])
+    q, _, seconds = protocol.fit(
+        spec["method"], split.x_train, split.y_train, data.prior_prec, rec, spec["steps"], 0
+    )
+    return protocol.metrics(q, split, data.prior_prec, reference) | {"seconds": seconds}
 
 
 EXPERIMENT = LogReg()

@@ -22,7 +22,7 @@ the authors' PyTorch code (341 training rows). Our USPS 3-vs-5 has the 1540 rows
   natural momentum is for a slowly varying precision: lr = 5e-5, momentum = 0.9, beta = 5e-4.
 * Both start at μ = 0 with precision 1 + λ (the authors' S = 1 plus the prior).
 * The extra rows (IVON, VON, noisy Adam, BBVI) use the same budget, minibatch size and 1 MC sample, with
-  the decay of eq. 104 on their step sizes; their α₀ comes from a pilot on split 0 (see ``EXTRA_LR``).
+  the decay of eq. 104 on their step sizes; their α₀ comes from a pilot on split 0 (see ``BASE_LR``).
 """
 
 from __future__ import annotations
@@ -69,9 +69,12 @@ LABELS = {
     "noisy_adam": "Noisy Adam",
     "bbvi": "BBVI",
 }
-#: α₀ of the extra rows (decayed by eq. 104), chosen by the training ELBO of a pilot on split 0 of each
-#: data set over α₀ ∈ {0.3, 1, 3} × these values (docs/results/logreg/README.md lists the pilot)
-EXTRA_LR = {"ivon": 0.1, "von": 0.1, "noisy_adam": 0.01, "bbvi": 0.01}
+#: the extra rows' α₀ (decayed by eq. 104) is chosen by a pilot on split 0 of each data set, among
+#: PILOT_FACTORS × these values, by the summed training negative ELBO (see experiment.LogReg.prepare):
+#: natural-gradient steps for IVON, VON and noisy Adam (whose step is divided by its precision), an Adam
+#: step for BBVI
+BASE_LR = {"ivon": 0.1, "von": 0.1, "noisy_adam": 0.1, "bbvi": 0.03}
+PILOT_FACTORS = (0.3, 1.0, 3.0)
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,9 @@ def vogn1_recipe(step: float = VOGN1_STEP, beta: float = VOGN1_STEP, decayed: bo
 
 
 def extra_recipe(name: str, data_size: int, batch_size: int, lr0: float | None = None) -> Recipe:
-    """The extra rows: eq. 104's decay on α (and on the curvature step where the rule has one)."""
-    lr0 = EXTRA_LR[name] if lr0 is None else lr0
+    """The extra rows: eq. 104's decay on α (and on the curvature step where the rule has one); α₀ defaults
+    to the pilot's centre value (the experiment passes the pilot's choice)."""
+    lr0 = BASE_LR[name] if lr0 is None else lr0
     if name == "ivon":  # h's average decays like Vadam's s; hess_init gives q₀ the precision 1 + λ
         options = {"lr": lr0, "betas": (0.9, 1.0 - VADAM_BETA0), "hess_init": 1.0 / data_size}
         return Recipe(

@@ -47,7 +47,7 @@ def _mean_se(values: list[float]) -> str:
     return fmt_mean_se(mean, se)
 
 
-def report(config: dict[str, Any], run: Run) -> None:
+def report(config: dict[str, Any], run: Run, chosen_lr: dict[str, float]) -> None:
     runs, refs = run.results["runs"], run.results["references"]
     sections = [
         "# ngvi logreg: Bayesian logistic regression against MF-Exact (Khan et al. 2018, §6.1, Fig. 2)\n",
@@ -59,6 +59,8 @@ def report(config: dict[str, Any], run: Run) -> None:
         sections.append(_toy(runs, refs, run))
     if "splits" in config["parts"]:
         sections.append(_splits(config, runs, refs, run))
+        if chosen_lr:
+            sections.append(_pilot(run.results["pilot"], chosen_lr))
     if "minibatch" in config["parts"]:
         sections.append(_minibatch(config, runs, refs, run))
     text = "\n".join(sections)
@@ -246,6 +248,21 @@ def _split_figure(dataset: str, label: str, values: dict[str, dict[str, list[flo
         ax.tick_params(labelsize=7)
     fig.suptitle(f"Fig. 2b: {label}, {len(values[names[0]]['neg_elbo'])} random 50/50 splits", fontsize=10)
     save_figure(fig, run.out / f"fig2b_{dataset}.png", legend_from=axes[0] if paper else None, dpi=110)
+
+
+def _pilot(pilot: dict[str, Any], chosen: dict[str, float]) -> str:
+    rows = []
+    for key, r in sorted(pilot.items()):
+        dataset, method, lr0 = key.split("/")
+        mark = " (chosen)" if method in chosen and f"{chosen[method]:g}" == lr0 else ""
+        rows.append([dataset, LABELS[method], f"{lr0}{mark}", f"{r['neg_elbo']:.4f}", f"{r['sym_kl']:.2f}"])
+    return (
+        "## The extra rows' step sizes (pilot on split 0)\n\n"
+        "Each extra method ran on split 0 of each data set with three initial step sizes α₀ (decayed by eq. "
+        "104) for the fits' budget; the α₀ with the lowest training negative ELBO summed over the data sets "
+        "was used for all splits. The symmetric KL was recorded, not used.\n\n"
+        + markdown_table(["data set", "method", "α₀", "training neg. ELBO / N", "sym. KL (not used)"], rows)
+    )
 
 
 # ----------------------------------------------------------------------------------------------------

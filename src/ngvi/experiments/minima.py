@@ -260,7 +260,7 @@ class Minima(Experiment):
 
 
 def _figure(runs: dict[str, Any], seeds: int, run: Run) -> None:
-    fig, (ax,) = figure(1, cols=1, size=(6.8, 6.0))
+    fig, (ax,) = figure(1, cols=1, size=(7.6, 6.4))
     points = np.concatenate([np.array(r["path"])[:, 1:] for r in runs.values()])
     half = max(1.1, float(np.abs(points).max()) + 0.05)
     grid = np.linspace(-half, half, 600)
@@ -278,16 +278,18 @@ def _figure(runs: dict[str, Any], seeds: int, run: Run) -> None:
                 color=COLORS[i],
                 lw=1.6 if bold else 0.8,
                 alpha=1.0 if bold else 0.55,
-                label="Vadam to VadaGrad" if i == 0 and bold else None,
+                label="Vadam to VadaGrad (VO)" if i == 0 and bold else None,
             )
             ax.plot(vo[-1, 1], vo[-1, 2], "*", color=COLORS[i], ms=13 if bold else 9, mec="white")
         gd = np.array(runs[f"gd/start{i}"]["path"])
-        ax.plot(gd[:, 1], gd[:, 2], ":", color="black", lw=2.0, label="gradient descent" if i == 0 else None)
+        ax.plot(
+            gd[:, 1], gd[:, 2], ":", color="black", lw=2.0, label="gradient descent (GD)" if i == 0 else None
+        )
         ax.plot(*start, "o", color=COLORS[i], ms=7, mec="white")
         ax.plot(gd[-1, 1], gd[-1, 2], "x", color="black", ms=8, mew=2)
     ax.plot([], [], "o", color="0.4", label="start")
-    ax.plot([], [], "*", color="0.4", ms=12, label="end (variational)")
-    ax.plot([], [], "x", color="black", label="end (gradient descent)")
+    ax.plot([], [], "*", color="0.4", ms=12, label="end (VO)")
+    ax.plot([], [], "x", color="black", label="end (GD)")
     ax.set_xlabel("x")
     ax.set_ylabel("y")
     ax.set_aspect("equal")

@@ -14,7 +14,7 @@ Bayesian deep learning as easy as training with Adam::
     posterior = opt.posterior()                               # DiagonalGaussian
 """
 
-from . import baselines, curvature, metrics
+from . import baselines, curvature, metrics, pruning
 from .optim import (
     IVON,
     VOGN,
@@ -31,6 +31,7 @@ from .optim import (
 )
 from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
 from .predict import predict
+from .pruning import apply_masks, prune_masks, pruned
 
 __version__ = "0.1.0"
 
@@ -50,8 +51,12 @@ __all__ = [
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
+    "apply_masks",
     "baselines",
     "curvature",
     "metrics",
     "predict",
+    "prune_masks",
+    "pruned",
+    "pruning",
 ]

@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 #: command -> module under ngvi.experiments holding ``EXPERIMENT`` (or, for ``list``, ``COMMAND``)
-COMMANDS: dict[str, str] = {"demo": "demo", "uci": "uci", "bench": "bench", "list": "listing", "prune": "prune"}
+COMMANDS: dict[str, str] = {"demo": "demo", "uci": "uci", "bench": "bench", "list": "listing", "prune": "prune", "rl": "rl"}
 
 
 def command(name: str) -> Any:

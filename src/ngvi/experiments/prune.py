@@ -258,9 +258,14 @@ def plot(done: dict[str, list[dict[str, Any]]], path, config: dict[str, Any]) ->
         band(last, results, "snr", colors[name], "-", METHODS[name].label)
     last.set_title("pruned by |μ|/σ, all methods", fontsize=9)
     last.legend(fontsize=7, loc="lower left")
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
     for ax in axes:
         ax.set_xscale("logit")
         ax.set_xlim(0.08, 0.9995)
+        ax.xaxis.set_major_locator(FixedLocator([0.1, 0.5, 0.9, 0.99, 0.999]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda p, _: f"{p:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(0, 100)
         ax.axvline(0.9, color="0.8", lw=0.8, zorder=0)
         ax.set_xlabel("fraction of weights pruned, p", fontsize=8)

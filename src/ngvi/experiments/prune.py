@@ -37,13 +37,14 @@ CRITERION_LABEL = {"snr": "|μ|/σ", "magnitude": "|μ|"}
 #: each method's settings (beside data_size = N). BAdam as BADAM App. D.2: Adam's defaults with β₂ = 0.99999
 #: and no L2 regularisation. VOGN and BBVI as Khan et al.'s MNIST code (lr 10⁻³, prior precision 1; BBVI
 #: starts at σ = 0.01). Vadam: prior precision 10³, the best of {1, 10², 10³, 10⁴} after 1-2 epochs (with 1
-#: its weight noise keeps it at chance: docs/results/prune/README.md). IVON: its MLP defaults with
-#: β₂ = 0.999, since 0.99999 leaves h at its initial value over a run this short.
+#: its weight noise keeps it at chance: docs/results/prune/README.md). IVON: lr 0.1, h₀ = 0.1, β₂ = 0.9999
+#: (0.99999 leaves h at h₀ over a run this short) and its update clip 10⁻³; without the clip, β₂ = 0.999
+#: diverged after 3 epochs (docs/results/prune/README.md).
 OPTIONS: dict[str, dict[str, Any]] = {
     "badam": {"lr": 1e-3, "betas": (0.9, 0.99999), "prior_prec": 0.0},
     "vadam": {"lr": 1e-3, "betas": (0.9, 0.999), "prior_prec": 1e3},
     "vogn": {"lr": 1e-3, "beta": 1e-3, "prior_prec": 1.0},
-    "ivon": {"lr": 0.1, "betas": (0.9, 0.999), "prior_prec": 6.0, "hess_init": 0.1},
+    "ivon": {"lr": 0.1, "betas": (0.9, 0.9999), "prior_prec": 6.0, "hess_init": 0.1, "clip_radius": 1e-3},
     "bbvi": {"lr": 1e-3, "prior_prec": 1.0, "init_prec": 1e4},
 }
 #: BADAM's own numbers, read off the output of the authors' notebook (github.com/skezle/BADAM,

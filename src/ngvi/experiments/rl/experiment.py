@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,16 @@ COLORS = {
     "sgd_explore": "tab:olive", "adam_explore": "tab:red",
 }  # fmt: skip
 ADAM_FAMILY = ("vadam", "adam_plain", "adam_explore")  # Fig. 5
+
+
+def _mujoco_warnings_to_python() -> None:
+    """MuJoCo's own warning handler appends to MUJOCO_LOG.TXT in the current folder (HalfCheetah's model
+    uses an attribute MuJoCo 4 deprecates); hand its warnings to Python's ``warnings`` instead."""
+    try:
+        import mujoco
+    except ImportError:  # a classic-control task needs no MuJoCo
+        return
+    mujoco.set_mju_user_warning(lambda message: warnings.warn(f"MuJoCo: {message.strip()}", stacklevel=2))
 
 
 class RL(Experiment):
@@ -124,6 +135,7 @@ class RL(Experiment):
         from .ddpg import DDPG, DDPGConfig, evaluate, make_buffer, train_step
         from .variants import search_std
 
+        _mujoco_warnings_to_python()
         seed, steps = spec["seed"], spec["steps"]
         np.random.seed(seed)  # stable-baselines3's buffer samples with numpy's global generator
         env, test_env = gym.make(spec["env"]), gym.make(spec["env"])

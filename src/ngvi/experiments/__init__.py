@@ -11,7 +11,14 @@ import importlib
 from typing import Any
 
 #: command -> module under ngvi.experiments holding ``EXPERIMENT`` (or, for ``list``, ``COMMAND``)
-COMMANDS: dict[str, str] = {"demo": "demo", "uci": "uci", "bench": "bench", "list": "listing", "prune": "prune", "rl": "rl"}
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "uci": "uci",
+    "bench": "bench",
+    "list": "listing",
+    "prune": "prune",
+    "rl": "rl",
+}
 
 
 def command(name: str) -> Any:

@@ -214,9 +214,11 @@ def _table(done: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> str
 
 def plot(done: dict[str, list[dict[str, Any]]], path, config: dict[str, Any]) -> None:
     """Test return against steps, mean ± s.e. over seeds: the Adam family (Fig. 5) and all six (Fig. 6)."""
-    panels = [("Vadam, Adam-Plain, Adam-Explore (cf. Fig. 5)", [v for v in ADAM_FAMILY if v in done]),
-              ("all variants (cf. Fig. 6)", list(done))]  # fmt: skip
-    panels = [p for p in panels if p[1]]
+    adam = [v for v in ADAM_FAMILY if v in done]
+    panels = [("Vadam, Adam-Plain, Adam-Explore (cf. Fig. 5)", adam)] if adam else []
+    if set(done) - set(ADAM_FAMILY):
+        title = "all six variants (cf. Fig. 6)" if len(done) == len(VARIANTS) else "variants run (cf. Fig. 6)"
+        panels.append((title, list(done)))
     fig, axes = figure(len(panels), cols=2, size=(5.2, 3.6))
     for ax, (title, names) in zip(axes, panels, strict=True):
         for name in names:
@@ -233,8 +235,10 @@ def plot(done: dict[str, list[dict[str, Any]]], path, config: dict[str, Any]) ->
         ax.set_ylabel(f"test return ({config['test_episodes']} ep., μ)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
-        ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"DDPG on {config['env']}: mean ± s.e. over seeds", fontsize=10)
+        ax.legend(fontsize=7, loc="best")
+    seeds = len(next(iter(done.values())))
+    spread = f"mean ± s.e. over {seeds} seeds" if seeds > 1 else "one seed"
+    fig.suptitle(f"DDPG on {config['env']}: {spread}", fontsize=10)
     save_figure(fig, path, dpi=120)
 
 

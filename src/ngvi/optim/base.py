@@ -24,6 +24,7 @@ from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from ..posterior import DiagonalGaussian
 from . import _mixed_precision, _state_checks
+from . import diagnostics as _diagnostics
 from ._accumulator import SampleAccumulator
 from ._closure import closure_loss, run_backward
 from ._noise import NOISES, NoiseSource
@@ -67,6 +68,9 @@ class VariationalOptimizer(Optimizer):
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
+    #: the state entry holding the curvature s, whose movement ``diagnostics()`` reports (None: it compares
+    #: the posterior precision with its start)
+    curvature_state: str | None = None
     #: attributes rebuilt by ``_init_transient`` (never pickled)
     transient: tuple[str, ...] = ("_means", "_sqrt_prec", "_in_sample", "_backward_done", "_rng_checkpoint")
 
@@ -340,9 +344,15 @@ class VariationalOptimizer(Optimizer):
         acc.clear()
         self._rng_checkpoint = None
         self.num_steps += 1
+        _diagnostics.after_step(self)  # warns once if the variance is frozen or at float limits
         return loss
 
     # -- the posterior -------------------------------------------------------------------------------------
+    def diagnostics(self) -> _diagnostics.Diagnostics:
+        """Is the variance being learned? The fraction of precisions that moved from their start, quantiles
+        of σ and of |μ|/σ, the data size, the steps and skipped steps (:mod:`.diagnostics`)."""
+        return _diagnostics.report(self)
+
     @torch.no_grad()
     def posterior(self) -> DiagonalGaussian:
         """A snapshot of q = N(μ, σ²) over all parameters, in parameter order."""

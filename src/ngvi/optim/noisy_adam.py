@@ -45,6 +45,7 @@ class NoisyAdam(VariationalOptimizer):
     """
 
     elementwise = True
+    curvature_state = "fisher"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(

@@ -52,6 +52,7 @@ class VON(VariationalOptimizer):
     """
 
     elementwise = True
+    curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     #: the curvature estimators this rule accepts (the first is the default)
     curvatures: tuple[str, ...] = ("price", "hutchinson")
 

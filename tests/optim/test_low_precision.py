@@ -19,6 +19,7 @@ float32 parameters under ``torch.autocast("cpu", dtype=torch.bfloat16)``, the us
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -144,3 +145,30 @@ def test_fp32_state_false_keeps_the_parameter_dtype():
     assert caught[0].filename == __file__  # the warning points at the call of step()
     for p in model.parameters():
         assert "master" not in opt.state[p] and opt.state[p]["hess"].dtype == torch.bfloat16
+
+
+def test_bench_counts_the_state_memory_per_weight():
+    """``ngvi bench``'s state memory (bench/state_memory.kept_bytes): Vadam keeps u and v, 4 bytes each for
+    float32 parameters; for bfloat16 parameters 4 bytes each plus the float32 master (12), or 2 bytes each
+    with fp32_state=False (4)."""
+    from ngvi.experiments.bench.state_memory import kept_bytes
+
+    x, y = toy_data()
+    for dtype, fp32_state, expected in (
+        (torch.float32, True, 8),
+        (torch.bfloat16, True, 12),
+        (torch.bfloat16, False, 4),
+    ):
+        model = toy_model(0).to(dtype)
+        opt = ngvi.Vadam(model.parameters(), N, fp32_state=fp32_state)
+
+        def closure(model=model, opt=opt, dtype=dtype):
+            opt.zero_grad()
+            loss = 0.5 * (model(x[:BATCH].to(dtype)).float() - y[:BATCH]).square().mean()
+            loss.backward()
+            return loss
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ngvi.PosteriorWarning)
+            opt.step(closure)
+        assert kept_bytes(opt) == expected * sum(p.numel() for p in model.parameters())

@@ -248,7 +248,8 @@ def _check_resolution(opt: Any) -> None:
                 "frozen",  # the frozen check would later say the same
                 f"{type(opt).__name__}: the posterior precision is updated by a fraction {step:.3g} of "
                 f"itself per step, below the resolution of its {name} state ({eps:.3g}): these updates round "
-                f"away and the variance will not be learned. Fix: {_fix_low_precision(opt)}.",
+                f"away, so the variance freezes (or its average can no longer decay). Fix: "
+                f"{_fix_low_precision(opt)}.",
             )
             return
 

@@ -53,10 +53,13 @@ def init_state(opt: Any, group: dict[str, Any], p: Tensor, state: dict[str, Any]
     state["master"] = master
 
 
-def mean(opt: Any, p: Tensor) -> Tensor:
-    """μ as the rule updates it: the master of a promoted parameter, else the parameter's tensor."""
+def mean(opt: Any, p: Tensor, current: Tensor | None = None) -> Tensor:
+    """μ as the rule updates it: the master of a promoted parameter, else ``current`` (μ's tensor while the
+    parameter holds a sample) or the parameter's tensor."""
     state = opt.state.get(p)
-    return state["master"] if state and "master" in state else p.detach()
+    if state and "master" in state:
+        return state["master"]
+    return current if current is not None else p.detach()
 
 
 def upcast(opt: Any, p: Tensor, t: Tensor) -> Tensor:

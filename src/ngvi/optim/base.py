@@ -52,8 +52,7 @@ class VariationalOptimizer(Optimizer):
         noise_dtype: dtype of ε (``torch.float32`` for float64 parameters draws ~4× faster on CPU).
         rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
         compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).
-        fp32_state: keep the state and a master copy of μ in float32 for bfloat16/float16 parameters, whose
-            own precision rounds the curvature updates away (:mod:`._mixed_precision`; default True).
+        fp32_state: float32 state and master μ for bfloat16/float16 parameters (:mod:`._mixed_precision`).
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction
@@ -68,9 +67,6 @@ class VariationalOptimizer(Optimizer):
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
-    #: the state entry holding the curvature s, whose movement ``diagnostics()`` reports (None: it compares
-    #: the posterior precision with its start)
-    curvature_state: str | None = None
     #: attributes rebuilt by ``_init_transient`` (never pickled)
     transient: tuple[str, ...] = ("_means", "_sqrt_prec", "_in_sample", "_backward_done", "_rng_checkpoint")
 
@@ -188,12 +184,8 @@ class VariationalOptimizer(Optimizer):
         return [p for group in self.param_groups for p in self.trainable(group)]
 
     def mean_of(self, p: Tensor) -> Tensor:
-        """μ of a parameter, also while the parameter holds a sample (a low-precision parameter's float32
-        master, where there is one)."""
-        state = self.state.get(p)
-        if state and "master" in state:
-            return state["master"]
-        return self._means[p] if self._in_sample and p in self._means else p.detach()
+        """μ of a parameter, also while it holds a sample (a bfloat16 parameter's float32 master)."""
+        return _mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "ngvi": _state_checks.engine_state(self)}
@@ -344,13 +336,12 @@ class VariationalOptimizer(Optimizer):
         acc.clear()
         self._rng_checkpoint = None
         self.num_steps += 1
-        _diagnostics.after_step(self)  # warns once if the variance is frozen or at float limits
+        _diagnostics.after_step(self)  # warns once if the variance is frozen or at the float limits
         return loss
 
     # -- the posterior -------------------------------------------------------------------------------------
     def diagnostics(self) -> _diagnostics.Diagnostics:
-        """Is the variance being learned? The fraction of precisions that moved from their start, quantiles
-        of σ and of |μ|/σ, the data size, the steps and skipped steps (:mod:`.diagnostics`)."""
+        """Is the variance being learned? Moved precisions, σ and SNR quantiles, ... (:mod:`.diagnostics`)."""
         return _diagnostics.report(self)
 
     @torch.no_grad()

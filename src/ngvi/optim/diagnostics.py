@@ -7,8 +7,8 @@ bfloat16 state, or the curvature step is 0. Precisions can also overflow (a floa
 state:
 
 * ``precision_moved``: the fraction of weights whose curvature state differs from its value at t = 0 (the
-  rule's ``curvature_state``, e.g. Vadam's second moment, IVON's h; for rules that declare none, the
-  posterior precision itself; NoisyKFAC's marginal precisions);
+  state entry a rule names in its class attribute ``curvature_state``, e.g. Vadam's second moment, IVON's h;
+  for rules that name none, the posterior precision itself: NoisyKFAC's marginal precisions, BBVI's);
 * quantiles of σ = 1/√precision and of the signal-to-noise ratio |μ|/σ (on at most 2²⁰ weights, evenly
   strided, so a large model costs one pass and no copy of all weights);
 * the effective data size N of each parameter group, the step count and the skipped (non-finite) steps;

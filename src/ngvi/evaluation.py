@@ -70,7 +70,7 @@ def predictive_probs(
         raise ValueError(f"samples must be a positive int, got {samples!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if getattr(opt, "point_estimate", False):
+    if getattr(opt, "deterministic", False) is True:
         samples = 1  # every draw is the same network
     bma, at_mean = [], []
     for start in range(0, x.shape[0], batch_size):

@@ -44,7 +44,7 @@ class MAP(torch.optim.Adam):
     """
 
     #: every posterior sample is the same network (ngvi.evaluate_classifier then makes one pass)
-    point_estimate = True
+    deterministic = True
 
     def __init__(
         self,

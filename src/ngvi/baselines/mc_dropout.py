@@ -73,7 +73,7 @@ class MCDropout(MAP):
 
     #: its samples are dropout masks: predict(vectorize=True) repeats the input instead of drawing weights
     dropout_masks = True
-    point_estimate = False
+    deterministic = False
 
     def __init__(
         self,

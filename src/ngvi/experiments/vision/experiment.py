@@ -57,6 +57,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
 MODELS = ("cnn", "mlp", "vgg16", "resnet20")
 QUICK = {
     "epochs": 1,
+    "batch_size": 32,
     "train_size": 512,
     "test_size": 256,
     "ood_size": 256,

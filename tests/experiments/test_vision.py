@@ -123,9 +123,7 @@ def test_restricted_unpickler_refuses_a_pickle_that_would_run_code(tmp_path):
     crafted = pickle.dumps({b"data": _RunsCode(marker), b"labels": [0]}, protocol=2)
     pickle.loads(pickle.dumps(_RunsCode(tmp_path / "control")))  # the plain unpickler does run it ...
     assert (tmp_path / "control").exists()
-    with pytest.raises(
-        pickle.UnpicklingError, match="refusing to load posix.system|refusing to load os.system"
-    ):
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load (posix|os)\.system"):
         restricted_loads(crafted)  # ... the restricted one refuses before anything runs
     assert not marker.exists()
     folder = tmp_path / "batches"

@@ -108,6 +108,18 @@ def test_cifar10_batches_load(tmp_path, protocol):
         load_cifar10(tmp_path / "nowhere", "test")
 
 
+def test_cifar10_run_on_synthetic_batches(tmp_path):
+    """The CIFAR-10 path end to end (ResNet-20 with batch norm under noisy K-FAC), on synthetic batches."""
+    write_cifar(tmp_path / "batches", n=8)
+    out = tmp_path / "cifar"
+    args = ["classify", "--quick", "--dataset", "cifar10", "--model", "resnet20", "--cifar-dir",
+            str(tmp_path / "batches"), "--methods", "noisy_kfac", "--angles", "0", "--augment", "flip-crop",
+            "--test-samples", "2", "--out", str(out), "--jobs", "1"]  # fmt: skip
+    assert main(args) == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert sum(runs["noisy_kfac"]["reliability"]["bma"]["count"]) == 8  # the synthetic test batch
+
+
 class _RunsCode:
     """Unpickling this calls os.system: the classic pickle exploit."""
 

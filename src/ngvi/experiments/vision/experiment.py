@@ -187,8 +187,12 @@ class Classify(Experiment):
             raise ValueError(f"--model {args.model} is a CIFAR-10 model; use cnn or mlp for MNIST")
         if args.dataset == "cifar10" and args.model not in ("vgg16", "resnet20"):
             raise ValueError(f"--model {args.model} is an MNIST model; use vgg16 or resnet20 for CIFAR-10")
-        if args.dataset == "cifar10" and not args.cifar_dir:
-            raise ValueError("--dataset cifar10 needs --cifar-dir, the folder cifar-10-batches-py")
+        if args.dataset == "cifar10":
+            if not args.cifar_dir:
+                raise ValueError("--dataset cifar10 needs --cifar-dir, the folder cifar-10-batches-py")
+            from ..data.cifar10 import load_cifar10
+
+            load_cifar10(args.cifar_dir, "test")  # a missing or unsafe file is reported before any training
         if self.config(args)["ood"]:
             from ..data.fashion_mnist import load_fashion_mnist
 

@@ -26,10 +26,11 @@ layer input as activations ``a`` of shape [m, G, T, d] and the recorded output g
 * ``nn.BatchNorm1d/2d/3d`` (affine): the same 1×1 view, with x̂ normalised by the statistics the forward pass
   used — the batch's in training mode, the running ones in eval mode. Its parameters are **point
   estimates** (``point_estimate``): VOGN and noisy K-FAC train them with their mean update (the
-  preconditioned step, with the prior as weight decay) and draw no noise for them. This follows Osawa et
-  al. (2019, "Practical deep learning with Bayesian principles", §3: VOGN with batch norm, whose code keeps
-  the batch-norm parameters out of the posterior); NNG's own code (gd-zhang/noisy-K-FAC) does not train the
-  batch-norm scale and shift at all (they stay at 1 and 0), which ``requires_grad_(False)`` gives here. In
+  preconditioned step, with the prior as weight decay) and draw no noise for them. Osawa et al.'s VOGN
+  code for "Practical deep learning with Bayesian principles" (2019; torchsso's ``non_reg_for_bn``) likewise
+  gives the batch-norm parameters no noise (there also no prior); NNG's own code (gd-zhang/noisy-K-FAC,
+  ``trainable_variables``: "we don't train the params of BN") keeps the scale and shift at 1 and 0, which
+  ``requires_grad_(False)`` gives here. In
   training mode the batch statistics couple the examples, so the per-example gradients of the layers before
   a batch norm are those of the batch-coupled loss (as in every K-FAC implementation with batch norm); the
   batch norm's own ∇fᵢ = Σₜ δᵢₜ x̂ᵢₜ are exact given the batch.

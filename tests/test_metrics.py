@@ -134,6 +134,16 @@ def test_auroc_matches_scikit_learn(ties):
     assert metrics.auroc(torch.tensor([3.0, 1.0, 2.0, 1.0]), torch.tensor([1, 1, 0, 0])) == 0.625
 
 
+def test_entropy_auroc_scores_out_of_distribution_points_by_their_entropy():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    gen = torch.Generator().manual_seed(4)
+    p_in = torch.softmax(3 * torch.randn(30, 5, generator=gen, dtype=torch.float64), -1)  # confident
+    p_out = torch.softmax(torch.randn(20, 5, generator=gen, dtype=torch.float64), -1)  # flatter
+    scores = torch.cat([metrics.predictive_entropy(p_in), metrics.predictive_entropy(p_out)])
+    labels = [0] * 30 + [1] * 20
+    assert metrics.entropy_auroc(p_in, p_out) == pytest.approx(sklearn_metrics.roc_auc_score(labels, scores))
+
+
 def test_auroc_rejects_bad_input():
     with pytest.raises(ValueError, match="both classes"):
         metrics.auroc(torch.tensor([0.1, 0.2]), torch.tensor([1, 1]))

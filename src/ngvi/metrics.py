@@ -132,3 +132,11 @@ def auroc(scores: Tensor, labels: Tensor) -> float:
     average_rank = ends - (counts.double() - 1.0) / 2.0  # ranks 1..n; ties share their mean rank
     rank_sum = average_rank[inverse][positive].sum()
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def entropy_auroc(probs_in: Tensor, probs_out: Tensor) -> float:
+    """AUROC of out-of-distribution detection by predictive entropy: in-distribution points (``probs_in``,
+    [N, C]) are the negatives, out-of-distribution ones (``probs_out``) the positives."""
+    h_in, h_out = predictive_entropy(probs_in), predictive_entropy(probs_out)
+    labels = torch.cat([torch.zeros(h_in.numel()), torch.ones(h_out.numel())])
+    return auroc(torch.cat([h_in, h_out]), labels)

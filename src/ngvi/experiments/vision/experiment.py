@@ -310,10 +310,8 @@ def run_method(spec: dict[str, Any]) -> dict[str, Any]:
         probs_bma, probs_mean = ngvi.evaluation.predictive_probs(model, trainer, x_ood, samples,
                                                                  vectorize=vectorize)  # fmt: skip
         for kind, p_in, p_out in (("bma", test.probs_bma, probs_bma), ("mean", test.probs_mean, probs_mean)):
-            h_in, h_out = metrics.predictive_entropy(p_in), metrics.predictive_entropy(p_out)
-            labels = torch.cat([torch.zeros(len(h_in)), torch.ones(len(h_out))])
-            result[kind]["ood_auroc"] = metrics.auroc(torch.cat([h_in, h_out]), labels)
-            result["entropy_hist"][f"ood_{kind}"] = _histogram(h_out)
+            result[kind]["ood_auroc"] = metrics.entropy_auroc(p_in, p_out)
+            result["entropy_hist"][f"ood_{kind}"] = _histogram(metrics.predictive_entropy(p_out))
     shift = {
         "angles": spec["angles"],
         "bma": {"accuracy": [], "ece": []},

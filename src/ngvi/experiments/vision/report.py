@@ -106,8 +106,9 @@ def reliability_figure(runs: dict[str, dict[str, Any]], path: Any, kind: str = "
         filled = count > 0
         ax.bar(centres[filled], acc[filled], width=width, color="tab:blue", edgecolor="k", lw=0.5,
                label="accuracy")  # fmt: skip
-        ax.bar(centres[filled], conf[filled] - acc[filled], bottom=acc[filled], width=width, color="tab:red",
-               alpha=0.35, edgecolor="tab:red", lw=0.5, label="gap to confidence")  # fmt: skip
+        low = np.minimum(acc, conf)[filled]
+        ax.bar(centres[filled], np.abs(conf - acc)[filled], bottom=low, width=width, color="none",
+               edgecolor="tab:red", hatch="////", lw=0.5, label="gap to mean confidence")  # fmt: skip
         ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
         ax.text(0.04, 0.9, f"ECE = {r[kind]['ece']:.4f}", fontsize=8, transform=ax.transAxes,
                 bbox={"facecolor": "white", "edgecolor": "0.7"})  # fmt: skip

@@ -15,8 +15,8 @@ dropout masks, the input is repeated S times in one forward pass (each row gets 
 draws then come from torch's global generator (or ``generator=``), not from the optimizer's own noise, so
 the samples differ from the loop's but have the same distribution. Whether it is faster depends on the
 device and the batch: on one CPU thread the loop is faster for test batches of hundreds of points (the
-Python cost of a pass is small beside the work, and a vmapped convolution becomes a grouped one), the
-vectorised form for a handful of points (``docs/results/vision/sampling.md`` has the ratios).
+Python cost of a pass is small beside the work, and a vmapped convolution becomes a grouped one); the
+vectorised form wins there only for MC dropout on a handful of points (``docs/results/vision/sampling.md``).
 """
 
 from __future__ import annotations

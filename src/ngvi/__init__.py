@@ -15,6 +15,7 @@ Bayesian deep learning as easy as training with Adam::
 """
 
 from . import baselines, curvature, metrics
+from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
     VOGN,
@@ -56,6 +57,7 @@ __all__ = [
     "Vprop",
     "baselines",
     "curvature",
+    "evaluate_classifier",
     "metrics",
     "predict",
 ]

@@ -44,6 +44,9 @@ class MAP(torch.optim.Adam):
     ``backward()``).
     """
 
+    #: every posterior sample is the same network (ngvi.evaluate_classifier then makes one pass)
+    deterministic = True
+
     def __init__(
         self,
         params: nn.Module | Any,

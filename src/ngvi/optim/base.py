@@ -158,8 +158,15 @@ class VariationalOptimizer(Optimizer):
         params.addcmul_(noise, self._precision(group, states).rsqrt())
 
     def unsampled(self, p: Tensor, train: bool) -> bool:
-        """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick)."""
-        return False
+        """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick; or a point
+        estimate)."""
+        return self.point_estimate(p)
+
+    def point_estimate(self, p: Tensor) -> bool:
+        """True for a parameter that is a point estimate: no posterior noise, variance 0 in ``posterior()``
+        (batch-norm parameters under the hook-based rules, see :mod:`ngvi.curvature.layers`)."""
+        hooks = getattr(self.curvature_estimator, "hooks", None)
+        return p in getattr(hooks, "point_params", ())
 
     # -- plumbing ------------------------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -346,13 +353,17 @@ class VariationalOptimizer(Optimizer):
 
     @torch.no_grad()
     def posterior(self) -> DiagonalGaussian:
-        """A snapshot of q = N(μ, σ²) over all parameters, in parameter order."""
-        means, variances = [], []
+        """A snapshot of q = N(μ, σ²) over all parameters, in parameter order (point estimates: σ² = 0)."""
+        means, variances, point = [], [], []
         for group in self.param_groups:
             params = list(group["params"])
             if not params:
                 continue
             states = [self.state_of(group, p) for p in params]
-            means += [self.mean_of(p) for p in params]
-            variances += list(self._precision(group, states).reciprocal())
-        return DiagonalGaussian(means, variances)
+            for p, precision in zip(params, self._precision(group, states), strict=True):
+                point.extend([len(means)] if self.point_estimate(p) else [])
+                variances.append(
+                    torch.zeros_like(precision) if self.point_estimate(p) else precision.reciprocal()
+                )
+                means.append(self.mean_of(p))
+        return DiagonalGaussian(means, variances, point=point)

@@ -10,7 +10,8 @@ state:
   state entry a rule names in its class attribute ``curvature_state``, e.g. Vadam's second moment, IVON's h;
   for rules that name none, the posterior precision itself: NoisyKFAC's marginal precisions, BBVI's);
 * quantiles of σ = 1/√precision and of the signal-to-noise ratio |μ|/σ (on at most 2²⁰ weights, evenly
-  strided, so a large model costs one pass and no copy of all weights);
+  strided, so a large model costs one pass and no copy of all weights); point estimates (batch norm under
+  VOGN and noisy K-FAC) are left out of every figure;
 * the effective data size N of each parameter group, the step count and the skipped (non-finite) steps;
 * ``at_float_limit``: weights whose precision is not finite, not positive, or within a factor 2 of the
   largest number of the state's dtype.
@@ -101,6 +102,8 @@ def report(opt: Any) -> Diagnostics:
         precisions = list(opt._precision(group, states))
         changed = _moved(opt, group, params, states, precisions)
         for p, st, prec, ch in zip(params, states, precisions, changed, strict=True):
+            if opt.point_estimate(p):  # no posterior variance (batch norm under VOGN and noisy K-FAC)
+                continue
             dtypes.update(str(t.dtype).replace("torch.", "") for t in _tensors(st))
             moved += int(ch.sum())
             total += ch.numel()

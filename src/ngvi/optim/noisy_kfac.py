@@ -228,7 +228,8 @@ class NoisyKFAC(VariationalOptimizer):
 
     def _perturb(self, group, params, noise, states):
         scale = math.sqrt(group["kl_weight"] / group["data_size"])
-        for i, ks in self._positions(self.trainable(group)):
+        sampled = [p for p in self.trainable(group) if not self.point_estimate(p)]  # the engine's order
+        for i, ks in self._positions(sampled):
             st = states[ks[0]]
             eps = self._join(i, [noise[k] for k in ks])
             draw = (st["S_root"] @ eps @ st["A_root"].mT).mul_(scale)  # rows ~ S⁻¹, columns ~ (λ/N) A⁻¹
@@ -288,16 +289,19 @@ class NoisyKFAC(VariationalOptimizer):
     # ----------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def posterior(self) -> KroneckerGaussian:
-        """A snapshot of q: per layer vec(W) ~ N(vec(M), [S^γin]⁻¹ ⊗ (λ/N)[A^γin]⁻¹), in parameter order."""
+        """A snapshot of q: per layer vec(W) ~ N(vec(M), [S^γin]⁻¹ ⊗ (λ/N)[A^γin]⁻¹), in parameter order;
+        batch-norm parameters are point estimates (``point``)."""
         group = self.param_groups[0]
         params = self.trainable(group)
         states = [self.state_of(group, p) for p in params]
         scale = group["kl_weight"] / group["data_size"]
-        blocks = []
+        blocks, point = [], [k for k, p in enumerate(params) if self.point_estimate(p)]
         for _, ks in self._positions(params):
+            if ks[0] in point:
+                continue  # batch norm: point estimates, updated by the mean step only
             st = states[ks[0]]
             s_root, a_root = st["S_root"].double(), st["A_root"].double()  # BBᵀ in float64 stays PD
             row_cov = s_root @ s_root.mT
             col_cov = (a_root @ a_root.mT).mul_(scale)
             blocks.append(KroneckerBlock(tuple(ks), row_cov, col_cov))
-        return KroneckerGaussian([self.mean_of(p) for p in params], blocks)
+        return KroneckerGaussian([self.mean_of(p) for p in params], blocks, point=point)

@@ -130,7 +130,8 @@ class VOGN(VON):
     def _perturb(self, group, params, noise, states):
         # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
         prior_tilde = group["prior_prec"] / group["data_size"]
-        inv_std = self._scratch_for(self.trainable(group))  # the engine's order of params/noise/states
+        sampled = [p for p in self.trainable(group) if not self.point_estimate(p)]  # batch norm: no noise
+        inv_std = self._scratch_for(sampled)  # the engine's order of params/noise/states
         for buf, st in zip(inv_std, states, strict=True):
             torch.add(st["hess"], prior_tilde, out=buf)
         torch._foreach_rsqrt_(inv_std)

@@ -15,15 +15,18 @@ Bayesian deep learning as easy as training with Adam::
 """
 
 from . import baselines, curvature, metrics, pruning
+from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
     VOGN,
     VON,
     BAdam,
+    Diagnostics,
     NoisyAdam,
     NoisyKFAC,
     NonFiniteGradientError,
     PosteriorOptimizer,
+    PosteriorWarning,
     VadaGrad,
     Vadam,
     VariationalOptimizer,
@@ -40,6 +43,7 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "Diagnostics",
     "DiagonalGaussian",
     "GaussianPosterior",
     "KroneckerGaussian",
@@ -47,6 +51,7 @@ __all__ = [
     "NoisyKFAC",
     "NonFiniteGradientError",
     "PosteriorOptimizer",
+    "PosteriorWarning",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",
@@ -54,6 +59,7 @@ __all__ = [
     "apply_masks",
     "baselines",
     "curvature",
+    "evaluate_classifier",
     "metrics",
     "predict",
     "prune_masks",

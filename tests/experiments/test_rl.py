@@ -82,7 +82,7 @@ def test_exploration_vadam_steps_as_vadam_with_n_1_and_samples_with_precision_s_
     direction = torch.randn(5)  # F(θ) = direction·θ: the gradient is the same at every sample
     w1, w2 = mu0.clone().requires_grad_(), mu0.clone().requires_grad_()
     explore = ExplorationVadam([w1], lr=0.1, seed=1)
-    plain = ngvi.Vadam([w2], data_size=1, lr=0.1, prior_prec=1e-8, seed=2)
+    plain = ngvi.Vadam([w2], data_size=1, lr=0.1, prior_prec=1e-8, init_prec=None, seed=2)
     for _ in range(4):
         for opt, w in ((explore, w1), (plain, w2)):
             with opt.sampled_params(train=True):

@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "uci": "uci",
     "bench": "bench",
+    "classify": "vision",
     "list": "listing",
     "prune": "prune",
     "rl": "rl",

@@ -42,8 +42,8 @@ CRITERION_LABEL = {"snr": "|μ|/σ", "magnitude": "|μ|"}
 #: diverged after 3 epochs (docs/results/prune/README.md).
 OPTIONS: dict[str, dict[str, Any]] = {
     "badam": {"lr": 1e-3, "betas": (0.9, 0.99999), "prior_prec": 0.0},
-    "vadam": {"lr": 1e-3, "betas": (0.9, 0.999), "prior_prec": 1e3},
-    "vogn": {"lr": 1e-3, "beta": 1e-3, "prior_prec": 1.0},
+    "vadam": {"lr": 1e-3, "betas": (0.9, 0.999), "prior_prec": 1e3, "init_prec": None},
+    "vogn": {"lr": 1e-3, "beta": 1e-3, "prior_prec": 1.0, "init_prec": None, "momentum": 0.0},
     "ivon": {"lr": 0.1, "betas": (0.9, 0.9999), "prior_prec": 6.0, "hess_init": 0.1, "clip_radius": 1e-3},
     "bbvi": {"lr": 1e-3, "prior_prec": 1.0, "init_prec": 1e4},
 }

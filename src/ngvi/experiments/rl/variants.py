@@ -63,11 +63,18 @@ class ExplorationVadam(ngvi.Vadam):
         if not sample_prec_shift >= 0:
             raise ValueError(f"sample_prec_shift must be >= 0, got {sample_prec_shift!r}")
         self.sample_prec_shift = float(sample_prec_shift)
-        super().__init__(params, data_size=1, lr=lr, betas=betas, prior_prec=prior_prec, **engine_kwargs)
+        super().__init__(
+            params, data_size=1, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=None, **engine_kwargs
+        )  # s₁ = 0 (Alg. 2, line 1)
 
     def _precision_core(self, group, states):
         core, lists, hyper = super()._precision_core(group, states)
-        return core, lists, {**hyper, "shift": hyper["shift"] + self.sample_prec_shift}
+        shift, c = hyper["shift"], self.sample_prec_shift
+        return (
+            core,
+            lists,
+            {**hyper, "shift": [x + c for x in shift] if isinstance(shift, list) else shift + c},
+        )
 
 
 class SeparateGaussian:

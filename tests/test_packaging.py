@@ -26,9 +26,10 @@ from ngvi.experiments import cli
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-# import names of the experiments extra (they equal the distribution names for these four)
+# import names of the experiments extra (the distribution names, with "_" for "-": stable-baselines3)
 EXTRA = sorted(
-    canonicalize_name(Requirement(r).name) for r in PYPROJECT["optional-dependencies"]["experiments"]
+    canonicalize_name(Requirement(r).name).replace("-", "_")
+    for r in PYPROJECT["optional-dependencies"]["experiments"]
 )
 EXTRA_LINE = 'error: this command needs the experiments extra: pip install "ngvi[experiments]" (missing: '
 

@@ -17,6 +17,8 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "classify": "vision",
     "list": "listing",
+    "prune": "prune",
+    "rl": "rl",
 }
 
 

@@ -66,7 +66,7 @@ def test_nuts_matches_the_exact_linear_regression_posterior(linear_problem):
 
 
 def test_predictions_and_their_diagnostics(linear_problem):
-    post, mean, cov = linear_problem
+    post = linear_problem[0]
     x = torch.eye(3, dtype=torch.float64)  # f(e_i) = w_i: the predictions are the weights themselves
     out = post.predict(x)
     assert out.shape == (1200, 3, 1)
@@ -93,5 +93,7 @@ def test_bad_arguments_are_named():
 def test_without_pyro_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyro", None)  # import pyro now raises ModuleNotFoundError
     with pytest.raises(ModuleNotFoundError, match=r"pip install \"ngvi\[experiments\]\"") as err:
-        nuts_posterior(torch.nn.Linear(2, 1), torch.randn(4, 2), torch.randn(4), prior_prec=1.0, noise_prec=1.0)
+        nuts_posterior(
+            torch.nn.Linear(2, 1), torch.randn(4, 2), torch.randn(4), prior_prec=1.0, noise_prec=1.0
+        )
     assert str(err.value) == PYRO_MISSING and "\n" not in PYRO_MISSING

@@ -11,7 +11,14 @@ import importlib
 from typing import Any
 
 #: command -> module under ngvi.experiments holding ``EXPERIMENT`` (or, for ``list``, ``COMMAND``)
-COMMANDS: dict[str, str] = {"demo": "demo", "uci": "uci", "bench": "bench", "hmc": "hmc", "list": "listing"}
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "uci": "uci",
+    "bench": "bench",
+    "hmc": "hmc",
+    "active": "active",
+    "list": "listing",
+}
 
 
 def command(name: str) -> Any:

@@ -11,14 +11,15 @@ table reports its mean ± s.e. over trials. Every method, HMC included (pyro's N
 Deviations for budget (stated in the results README): inputs and targets keep the standardisation of the
 first 20 points throughout a trial; after the first fit every round continues from the previous round's
 posterior (``refit_steps`` more steps for the variational methods; NUTS chains start at the previous
-round's last draws and warm up again), instead of refitting from scratch.
+round's last draws and warm up again, for ``warmup`` iterations; the first round, from prior draws, warms up
+for twice that), instead of refitting from scratch.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -150,8 +151,11 @@ class _Learner:
     def fit(self, data: Standardised, first: bool) -> None:
         n = data.x.shape[0]
         if self.name == "hmc":
+            # the first round starts at prior draws and warms up twice as long; later rounds continue from
+            # the previous round's last draws (one point more: the posterior moved little)
             init = None if first else self.posterior.draws[:, -1]
-            self.posterior = protocol.nuts(data, self.budget, self.seed + 7919 * n, init_from=init)
+            budget = replace(self.budget, warmup=2 * self.budget.warmup) if first else self.budget
+            self.posterior = protocol.nuts(data, budget, self.seed + 7919 * n, init_from=init)
             stats = self.posterior.summary()
             self.info["max_weight_r_hat"] = max(self.info.get("max_weight_r_hat", 0.0), stats["max_r_hat"])
             self.info["divergences"] = self.info.get("divergences", 0) + sum(stats["divergences"])

@@ -34,7 +34,7 @@ def linear_problem():
     noise_prec, prior_prec = 4.0, 2.0
     model = torch.nn.Linear(d, 1, bias=False).double()
     post = nuts_posterior(
-        model, X, y, prior_prec=prior_prec, noise_prec=noise_prec, num_samples=600, warmup=300, chains=2
+        model, X, y, prior_prec=prior_prec, noise_prec=noise_prec, num_samples=500, warmup=250, chains=2
     )
     mean, cov = exact.linear_regression_posterior(X, y, noise_prec, prior_prec)
     return post, mean, cov
@@ -48,15 +48,15 @@ def _mc_error(series: torch.Tensor) -> torch.Tensor:
 
 def test_nuts_matches_the_exact_linear_regression_posterior(linear_problem):
     post, mean, cov = linear_problem
-    draws = post.draws  # [2, 600, 3]
-    assert draws.shape == (2, 600, 3)
+    draws = post.draws  # [2, 500, 3]
+    assert draws.shape == (2, 500, 3)
     # chains mixed: R-hat near 1, no divergent transitions, plenty of effective draws
     assert float(post.r_hat.max()) < 1.02 and sum(post.divergences) == 0
     assert float(post.ess.min()) > 300
     mean_err = _mc_error(draws)
     assert ((post.mean - mean).abs() <= Z * mean_err).all(), (post.mean - mean) / mean_err
     centred = draws - mean
-    products = centred.unsqueeze(-1) * centred.unsqueeze(-2)  # [2, 600, 3, 3]
+    products = centred.unsqueeze(-1) * centred.unsqueeze(-2)  # [2, 500, 3, 3]
     cov_hat = products.reshape(-1, 3, 3).mean(0)
     cov_err = _mc_error(products)
     assert ((cov_hat - cov).abs() <= Z * cov_err).all(), (cov_hat - cov) / cov_err
@@ -69,7 +69,7 @@ def test_predictions_and_their_diagnostics(linear_problem):
     post = linear_problem[0]
     x = torch.eye(3, dtype=torch.float64)  # f(e_i) = w_i: the predictions are the weights themselves
     out = post.predict(x)
-    assert out.shape == (1200, 3, 1)
+    assert out.shape == (1000, 3, 1)
     torch.testing.assert_close(out[..., 0], post.flat)
     stats = post.output_diagnostics(x, thin=2)
     assert stats["r_hat"].shape == (3, 1) and float(stats["r_hat"].max()) < 1.02

@@ -56,15 +56,14 @@ class NUTSPosterior:
     """Draws from the posterior of ``model``'s parameters and how well the chains mixed.
 
     ``draws`` has shape [chains, samples, D] (D = number of parameters, in ``model.parameters()`` order).
-    ``r_hat`` and ``ess`` are per weight (see the module note on identifiability); ``divergences`` and
-    ``accept_prob`` are per chain; ``step_size`` and ``seconds`` likewise."""
+    ``r_hat`` and ``ess`` are per weight (see the module note on identifiability); ``divergences`` (count of
+    divergent transitions after warm-up), ``step_size`` (the adapted one) and ``seconds`` are per chain."""
 
     model: nn.Module
     draws: Tensor
     r_hat: Tensor
     ess: Tensor
     divergences: list[int]
-    accept_prob: list[float]
     step_size: list[float]
     seconds: list[float]
     settings: dict[str, Any] = field(default_factory=dict)
@@ -107,14 +106,13 @@ class NUTSPosterior:
         return {"r_hat": stats["r_hat"], "ess": stats["n_eff"]}
 
     def summary(self) -> dict[str, Any]:
-        """A JSON-able record: settings, the worst weight R-hat and ESS, divergences, acceptance, timings."""
+        """A JSON-able record: settings, the worst weight R-hat and ESS, divergences, step sizes, timings."""
         return {
             **self.settings,
             "max_r_hat": float(self.r_hat.max()),
             "min_ess": float(self.ess.min()),
             "median_ess": float(self.ess.median()),
             "divergences": self.divergences,
-            "accept_prob": self.accept_prob,
             "step_size": self.step_size,
             "seconds": self.seconds,
         }
@@ -207,7 +205,7 @@ def nuts_posterior(
         output = functional_call(model, _unflatten(theta, names, shapes), (x,))
         return 0.5 * lam * (theta**2).sum() - log_likelihood(output, y)
 
-    draws, divergences, accept, steps, seconds = [], [], [], [], []
+    draws, divergences, steps, seconds = [], [], [], []
     with torch.random.fork_rng(devices=[]):
         for chain in range(chains):
             pyro.set_rng_seed(seed + chain)
@@ -236,7 +234,6 @@ def nuts_posterior(
             draws.append(mcmc.get_samples()["theta"].detach())
             info = mcmc.diagnostics()
             divergences.append(len(info["divergences"]["chain 0"]))
-            accept.append(float(info["acceptance rate"]["chain 0"]))
             steps.append(float(kernel.step_size))
     stacked = torch.stack(draws)  # [chains, samples, D]
     stats = pyro.infer.mcmc.util.diagnostics({"theta": stacked})["theta"]
@@ -250,5 +247,5 @@ def nuts_posterior(
         "jit_compile": jit_compile,
     }
     return NUTSPosterior(
-        model, stacked, stats["r_hat"], stats["n_eff"], divergences, accept, steps, seconds, settings
+        model, stacked, stats["r_hat"], stats["n_eff"], divergences, steps, seconds, settings
     )

@@ -130,28 +130,22 @@ def _timing_table(runs: dict[str, Any], methods: list[str], datasets: list[str],
 
 
 def _bars(corr: dict, methods: list[str], datasets: list[str], path: Any) -> None:
+    """One bar per method and set (mean ± s.e.); the paper's value for that method's column, where it has
+    one, as a black marker on the bar."""
     fig, (ax,) = figure(1, cols=1, size=(10.0, 4.0))
-    width = 0.8 / (len(methods) + 2)
+    width = 0.8 / len(methods)
     xs = np.arange(len(datasets))
+    marked = False
     for i, m in enumerate(methods):
         stats = [mean_se(corr[m][d].values()) for d in datasets]
-        ax.bar(
-            xs + i * width,
-            [s[0] for s in stats],
-            width,
-            yerr=[s[1] for s in stats],
-            label=label(m),
-            capsize=2,
-        )
-    for j, (column, marker) in enumerate((("NNG-FFG", "v"), ("NNG-MVG", "^"))):
-        ax.plot(
-            xs + (len(methods) + j) * width,
-            [TABLE4[column][d][0] for d in datasets],
-            marker,
-            color="k",
-            label=f"paper {column}",
-        )
-    ax.set_xticks(xs + 0.4 - width / 2, [SHORT[d] for d in datasets], fontsize=8)
+        where = xs + i * width
+        ax.bar(where, [s[0] for s in stats], width, yerr=[s[1] for s in stats], label=label(m), capsize=2)
+        column = PAPER_COLUMN.get(m)
+        if column in TABLE4:
+            ax.plot(where, [TABLE4[column][d][0] for d in datasets], "k_", ms=14, mew=2,
+                    label=None if marked else "the paper's value for that column")  # fmt: skip
+            marked = True
+    ax.set_xticks(xs + (len(methods) - 1) * width / 2, [SHORT[d] for d in datasets], fontsize=8)
     ax.set_ylabel("Pearson r with HMC's predictive variance", fontsize=9)
     ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.0)
     ax.axhline(0, color="0.5", lw=0.5)

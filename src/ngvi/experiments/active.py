@@ -28,12 +28,13 @@ import torch
 from ngvi import metrics
 
 from .core import args as arg_types
+from .core.methods import METHODS as REGISTRY
 from .core.report import figure, fmt_mean_se, markdown_table, mean_se, save_figure
 from .core.runner import Experiment, Job, Run
 from .hmc import protocol
 from .hmc.experiment import add_budget_arguments, budget_of, method_argument
 from .hmc.protocol import Budget, Standardised
-from .hmc.published import TABLE3
+from .hmc.published import PAPER_COLUMN, TABLE3
 from .hmc.report import SHORT, label
 
 STRATEGIES = ("R", "A")
@@ -226,18 +227,21 @@ def write_report(args: argparse.Namespace, run: Run, methods: list[str]) -> None
 
 
 def _curves(runs: dict[str, Any], methods: list[str], datasets: list[str], trials: int, path: Any) -> None:
-    """Test RMSE after each round, mean over trials, per set: solid A, dashed R."""
-    fig, axes = figure(len(datasets), cols=4, size=(3.4, 2.8))
+    """Test RMSE after each round, mean over trials, per set: solid A, dashed R (NNG-FFG = noisy Adam,
+    NNG-MVG = noisy K-FAC)."""
+    cols = min(4, len(datasets))
+    fig, axes = figure(len(datasets), cols=4, size=(max(3.4, 10.0 / cols), 2.8))  # room for the legend
     colours = {m: f"C{i}" for i, m in enumerate(methods)}
     for ax, d in zip(axes, datasets, strict=True):
         for m in methods:
             for s, style in (("A", "-"), ("R", "--")):
                 curves = [runs[k]["rmse_curve"] for t in range(trials) if (k := f"{m}/{d}/{t}/{s}") in runs]
                 if curves:
-                    ax.plot(np.mean(curves, 0), style, color=colours[m], lw=1.2, label=f"{_label(m)} {s}")
+                    short = PAPER_COLUMN.get(m) or REGISTRY[m].label  # compact legend entries
+                    ax.plot(np.mean(curves, 0), style, color=colours[m], lw=1.2, label=f"{short} {s}")
         ax.set_title(SHORT[d], fontsize=9)
         ax.set_xlabel("points added", fontsize=8)
-        ax.set_ylabel("test RMSE", fontsize=8)
+        ax.set_ylabel("test RMSE (target units)", fontsize=8)
         ax.tick_params(labelsize=7)
     save_figure(fig, path, legend_from=axes[0])
 

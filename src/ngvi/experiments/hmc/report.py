@@ -56,7 +56,7 @@ def write_report(args: argparse.Namespace, run: Run, jobs: list[Job]) -> None:
         f"{trials} trial(s) per set; mean ± s.e. over trials. Model: 1 hidden layer of "
         f"{protocol.HIDDEN} ReLU units, λ = "
         f"{protocol.PRIOR_PREC:g}, τ = {protocol.NOISE_PREC:g} (standardised units). Budget: "
-        f"{config['budget']}. Paper: Zhang et al. 2018, Table 4 (their model and HMC, not ours).\n",
+        f"{_budget(config['budget'])}. Paper: Zhang et al. 2018, Table 4 (their model and HMC, not ours).\n",
     ]
     header = ["data set", *[label(m) for m in methods], *[f"paper {c}" for c in TABLE4]]
     rows, wins, compared = [], 0, 0
@@ -80,6 +80,13 @@ def write_report(args: argparse.Namespace, run: Run, jobs: list[Job]) -> None:
     _bars(corr, methods, datasets, run.out / "correlations.png")
     _scatter(runs, methods, datasets[0], run.out / "variances.png")
     print(f"wrote {run.out / 'table.md'}, correlations.png, variances.png and results.json")
+
+
+def _budget(budget: dict[str, int]) -> str:
+    return (
+        f"{budget['steps']} full-batch steps per variational fit; NUTS: {budget['chains']} chains × "
+        f"({budget['warmup']} warm-up + {budget['samples']} draws), tree depth ≤ {budget['tree_depth']}"
+    )
 
 
 def _diagnostics_table(runs: dict[str, Any], datasets: list[str], trials: int) -> str:

@@ -15,15 +15,18 @@ Bayesian deep learning as easy as training with Adam::
 """
 
 from . import baselines, curvature, metrics
+from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
     VOGN,
     VON,
     BAdam,
+    Diagnostics,
     NoisyAdam,
     NoisyKFAC,
     NonFiniteGradientError,
     PosteriorOptimizer,
+    PosteriorWarning,
     VadaGrad,
     Vadam,
     VariationalOptimizer,
@@ -39,6 +42,7 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "Diagnostics",
     "DiagonalGaussian",
     "GaussianPosterior",
     "KroneckerGaussian",
@@ -46,12 +50,14 @@ __all__ = [
     "NoisyKFAC",
     "NonFiniteGradientError",
     "PosteriorOptimizer",
+    "PosteriorWarning",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
     "baselines",
     "curvature",
+    "evaluate_classifier",
     "metrics",
     "predict",
 ]

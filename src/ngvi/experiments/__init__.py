@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "uci": "uci",
     "bench": "bench",
+    "classify": "vision",
     "hmc": "hmc",
     "active": "active",
     "list": "listing",

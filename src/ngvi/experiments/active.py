@@ -33,7 +33,7 @@ from .core.report import figure, fmt_mean_se, markdown_table, mean_se, save_figu
 from .core.runner import Experiment, Job, Run
 from .hmc import protocol
 from .hmc.experiment import add_budget_arguments, budget_of, method_argument
-from .hmc.protocol import Budget, Standardised
+from .hmc.protocol import ACTIVE_BUDGET, Budget, Standardised
 from .hmc.published import PAPER_COLUMN, TABLE3
 from .hmc.report import SHORT, label
 
@@ -64,10 +64,10 @@ class Active(Experiment):
         parser.add_argument(
             "--refit-steps",
             type=arg_types.positive_int,
-            default=Budget().refit_steps,
-            help=f"steps after each added point, from the last posterior (default {Budget().refit_steps})",
+            default=ACTIVE_BUDGET.refit_steps,
+            help=f"steps after each added point, from the last fit (default {ACTIVE_BUDGET.refit_steps})",
         )
-        add_budget_arguments(parser, Budget())
+        add_budget_arguments(parser, ACTIVE_BUDGET)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         budget = budget_of(args, refit_steps=args.refit_steps)

@@ -60,18 +60,23 @@ def available_methods() -> list[str]:
 @dataclass(frozen=True)
 class Budget:
     """How long each method runs: VI steps (and steps after adding one point in active learning), and
-    NUTS's chains, warm-up, draws per chain and tree depth."""
+    NUTS's chains, warm-up, draws per chain and tree depth. The defaults are ``ngvi hmc``'s full run
+    (docs/results/hmc/README.md says what they buy); :data:`ACTIVE_BUDGET` is ``ngvi active``'s."""
 
-    steps: int = 2000
-    refit_steps: int = 500
-    chains: int = 4
-    warmup: int = 500
-    samples: int = 500
-    tree_depth: int = 10
+    steps: int = 1000
+    refit_steps: int = 100
+    chains: int = 3
+    warmup: int = 150
+    samples: int = 150
+    tree_depth: int = 5
 
     @classmethod
     def quick(cls) -> Budget:
         return cls(steps=30, refit_steps=10, chains=2, warmup=10, samples=10, tree_depth=3)
+
+
+#: NUTS runs 6 to 11 times per active-learning job, each from the last round's draws: a shorter run
+ACTIVE_BUDGET = Budget(chains=2, warmup=40, samples=60)
 
 
 def trainer_options(name: str, data_size: int) -> dict[str, Any]:

@@ -16,6 +16,8 @@ COMMANDS: dict[str, str] = {
     "uci": "uci",
     "bench": "bench",
     "classify": "vision",
+    "hmc": "hmc",
+    "active": "active",
     "list": "listing",
     "prune": "prune",
     "rl": "rl",

@@ -14,10 +14,10 @@ from typing import Any
 from . import COMMANDS, command
 from .core.args import Parser, positive_int
 
-# The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"): the
-# library needs only torch and numpy, the experiments need these as well.
+# The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
+# imports as pyro): the library needs only torch and numpy, the experiments need these as well.
 EXPERIMENTS_EXTRA = frozenset(
-    {"scipy", "matplotlib", "tqdm", "optuna", "gymnasium", "mujoco", "stable_baselines3"}
+    {"scipy", "matplotlib", "tqdm", "optuna", "pyro", "gymnasium", "mujoco", "stable_baselines3"}
 )
 
 

@@ -18,7 +18,12 @@ COMMANDS: dict[str, str] = {
     "logreg": "logreg",
     "convergence": "convergence",
     "minima": "minima",
+    "classify": "vision",
+    "hmc": "hmc",
+    "active": "active",
     "list": "listing",
+    "prune": "prune",
+    "rl": "rl",
 }
 
 

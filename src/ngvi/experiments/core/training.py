@@ -48,6 +48,7 @@ def train(
     before_step: Callable[[int], None] | None = None,
     after_epoch: Callable[[int], None] | None = None,
     progress: Any = None,
+    augment: Callable[[Tensor, torch.Generator | None], Tensor] | None = None,
 ) -> list[float]:
     """Train for ``epochs`` passes over (x, y); returns the mean loss of every step.
 
@@ -57,7 +58,8 @@ def train(
     noise). ``drop_last`` drops each epoch's last, smaller minibatch, so that every step sees exactly
     ``batch_size`` examples (minibatch-size studies). ``before_step(t)`` runs before step t = 1, 2, … (a
     schedule that sets the trainer's group hyperparameters); ``after_epoch(epoch)`` runs after every epoch
-    (evaluation curves); ``progress`` (a tqdm bar) is advanced once per step."""
+    (evaluation curves); ``progress`` (a tqdm bar) is advanced once per step. ``augment(xb, generator)``
+    transforms each minibatch's inputs before the step (data augmentation; drawn from ``generator``)."""
     n = x.shape[0]
     losses = []
     for epoch in range(epochs):
@@ -71,6 +73,8 @@ def train(
             if before_step is not None:
                 before_step(len(losses) + 1)
             xb, yb = x[idx], y[idx]
+            if augment is not None:
+                xb = augment(xb, generator)
             if copies > 1:
                 xb, yb = xb.repeat(copies, *[1] * (xb.dim() - 1)), yb.repeat(copies, *[1] * (yb.dim() - 1))
             loss = trainer.step(closure(model, trainer, loss_fn, xb, yb))

@@ -56,10 +56,12 @@ COLORS = {"bbvi": "tab:brown", "vadam": "tab:red", "vogn": "tab:blue", "ivon": "
 def options(name: str, data_size: int) -> dict[str, Any]:
     """Each method's settings (App. J.2), beside prior_prec = 1 and mc_samples."""
     if name == "vogn":
-        return {"lr": 1e-3, "beta": 1e-3, "init_prec": 1.0}
+        return {"lr": 1e-3, "beta": 1e-3, "init_prec": 1.0, "momentum": 0.0}
     if name == "ivon":
         return {"lr": 1e-3, "betas": (0.9, 0.999), "hess_init": 0.01}
-    return {"lr": 1e-3, "betas": (0.9, 0.999), "init_prec": 1.0}  # Vadam; BBVI (Adam on the ELBO)
+    if name == "vadam":  # eqs. 88-93 as written (the step divides by the uncorrected s)
+        return {"lr": 1e-3, "betas": (0.9, 0.999), "init_prec": 1.0, "step_moment": "paper"}
+    return {"lr": 1e-3, "betas": (0.9, 0.999), "init_prec": 1.0}  # BBVI (Adam on the ELBO)
 
 
 def eval_iterations(steps: int) -> list[int]:

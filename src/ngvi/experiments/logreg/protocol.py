@@ -156,7 +156,10 @@ def vadam_recipe(
     def schedule(t: int) -> dict[str, Any]:
         return {"lr": lr0 * decay(t), "betas": (VADAM_GAMMA1, 1.0 - beta0 * decay(t))}
 
-    return Recipe({"lr": lr0, "betas": (VADAM_GAMMA1, 1.0 - beta0)}, batch_size, schedule)
+    # eqs. 88-93 as the paper writes them (the step divides by the uncorrected s), not the library's
+    # default bias-corrected step moment
+    options = {"lr": lr0, "betas": (VADAM_GAMMA1, 1.0 - beta0), "step_moment": "paper"}
+    return Recipe(options, batch_size, schedule)
 
 
 def vogn1_recipe(step: float = VOGN1_STEP, beta: float = VOGN1_STEP, decayed: bool = False) -> Recipe:
@@ -178,9 +181,9 @@ def extra_recipe(name: str, data_size: int, batch_size: int, lr0: float | None =
             batch_size,
             lambda t: {"lr": lr0 * decay(t), "betas": (0.9, 1.0 - VADAM_BETA0 * decay(t))},
         )
-    if name == "von":
+    if name == "von":  # eqs. 7-8 without the library's default natural momentum
         return Recipe(
-            {"lr": lr0, "beta": VADAM_BETA0},
+            {"lr": lr0, "beta": VADAM_BETA0, "momentum": 0.0},
             batch_size,
             lambda t: {"lr": lr0 * decay(t), "beta": VADAM_BETA0 * decay(t)},
         )
@@ -205,8 +208,13 @@ def recipe(name: str, data_size: int, batch_size: int, **overrides: Any) -> Reci
 
 
 def initial_precision(name: str, prior_prec: float) -> dict[str, Any]:
-    """q₀ = N(0, 1/(1 + λ)) for every method that takes an initial precision (IVON: via hess_init)."""
-    return {} if name in ("ivon", "noisy_adam") else {"init_prec": 1.0 + prior_prec}
+    """q₀ = N(0, 1/(1 + λ)) for every method that takes an initial precision (IVON: via hess_init);
+    noisy Adam starts as Alg. 1 of Zhang et al. 2018 does, at f₀ = 0 (q₀ the prior)."""
+    if name == "ivon":
+        return {}
+    if name == "noisy_adam":
+        return {"init_prec": None}
+    return {"init_prec": 1.0 + prior_prec}
 
 
 # ----------------------------------------------------------------------------------------------------

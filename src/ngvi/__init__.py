@@ -32,7 +32,7 @@ from .optim import (
     VariationalOptimizer,
     Vprop,
 )
-from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
+from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian, symmetric_kl
 from .predict import predict
 from .pruning import apply_masks, prune_masks, pruned
 
@@ -65,4 +65,5 @@ __all__ = [
     "prune_masks",
     "pruned",
     "pruning",
+    "symmetric_kl",
 ]

@@ -152,7 +152,11 @@ CASES: dict[str, tuple[Callable, str]] = {
         ),
         "output",
     ),
-    "noisy_kfac": (lambda m, k: ngvi.NoisyKFAC(m, N, lr=1e-2, beta=0.1, inv_every=5, seed=3), "backward"),
+    # noisy K-FAC as recorded: Alg. 2's shared weight draw (the default is now sampling="auto")
+    "noisy_kfac": (
+        lambda m, k: ngvi.NoisyKFAC(m, N, lr=1e-2, beta=0.1, inv_every=5, seed=3, sampling="weights"),
+        "backward",
+    ),
     "noisy_kfac_fisher_momentum": (
         lambda m, k: ngvi.NoisyKFAC(
             m,
@@ -166,6 +170,7 @@ CASES: dict[str, tuple[Callable, str]] = {
             curvature="fisher",
             likelihood=LIKELIHOOD[k],
             seed=3,
+            sampling="weights",
         ),
         "output",
     ),

@@ -116,7 +116,9 @@ def test_one_step_follows_alg_2():
     model = nn.Linear(4, 3).double()
     x, y = torch.randn(16, 4, dtype=torch.float64), torch.randn(16, 3, dtype=torch.float64)
     n, lr, prior_var, kl, damping = 40, 0.3, 2.0, 0.7, 0.05
-    opt = ngvi.NoisyKFAC(model, n, lr=lr, prior_var=prior_var, kl_weight=kl, damping=damping, seed=0)
+    opt = ngvi.NoisyKFAC(  # Alg. 2's shared weight draw: the twin below copies the sampled weights
+        model, n, lr=lr, prior_var=prior_var, kl_weight=kl, damping=damping, seed=0, sampling="weights"
+    )
     mu = torch.cat([model.weight.detach(), model.bias.detach()[:, None]], 1)
     with opt.sampled_params(train=True):
         twin = copy.deepcopy(model)  # factors at the sample, from hooks already checked by brute force

@@ -20,6 +20,8 @@ from .optim import (
     VOGN,
     VON,
     BAdam,
+    NNGBlkTri,
+    NNGFull,
     NoisyAdam,
     NoisyKFAC,
     NonFiniteGradientError,
@@ -30,6 +32,8 @@ from .optim import (
     Vprop,
 )
 from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
+from .posterior_blktri import BlockTridiagonalGaussian
+from .posterior_full import FullGaussian
 from .predict import predict
 
 __version__ = "0.1.0"
@@ -39,9 +43,13 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "BlockTridiagonalGaussian",
     "DiagonalGaussian",
+    "FullGaussian",
     "GaussianPosterior",
     "KroneckerGaussian",
+    "NNGBlkTri",
+    "NNGFull",
     "NoisyAdam",
     "NoisyKFAC",
     "NonFiniteGradientError",

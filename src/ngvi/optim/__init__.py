@@ -3,6 +3,8 @@
 from .badam import BAdam
 from .base import NonFiniteGradientError, VariationalOptimizer
 from .ivon import IVON
+from .nng_blktri import NNGBlkTri
+from .nng_full import NNGFull
 from .noisy_adam import NoisyAdam
 from .noisy_kfac import NoisyKFAC
 from .protocol import PosteriorOptimizer
@@ -17,6 +19,8 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "NNGBlkTri",
+    "NNGFull",
     "NoisyAdam",
     "NoisyKFAC",
     "NonFiniteGradientError",

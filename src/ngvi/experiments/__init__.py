@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "uci": "uci",
     "uci-nng": "uci_nng",
+    "nng-precision": "nng_precision",
     "bench": "bench",
     "list": "listing",
 }

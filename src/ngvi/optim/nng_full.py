@@ -48,6 +48,9 @@ class NNGFull(VariationalOptimizer):
         prior_var: η (or ``prior_prec`` = 1/η).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
         inv_every: recompute the two damped inverses every this many steps.  mc_samples: per step.
         curvature: "ef" or "fisher" (with ``likelihood``, ``noise_prec``); loss_reduction as for VOGN.
+        init_prec: the posterior precision at t = 0 as a multiple of I: F̄₀ = (λ/N)(init_prec − 1/η)·I, then
+            the plain EMA (as NNG's code, whose factors start at the identity). ``None`` (default): F̄₀ = 0
+            and the running mean for the first 1/β updates (K-FAC's warm start), so q starts at the prior.
         max_params: refuse models with more parameters than this (D² numbers per matrix).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
     """
@@ -73,6 +76,7 @@ class NNGFull(VariationalOptimizer):
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
+        init_prec: float | None = None,
         max_params: int = 4096,
         **engine_kwargs: Any,
     ):
@@ -98,6 +102,7 @@ class NNGFull(VariationalOptimizer):
             kl_weight=kl_weight,
             damping=damping,
             inv_every=inv_every,
+            init_prec=init_prec,
         )
         super().__init__(
             estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
@@ -112,6 +117,8 @@ class NNGFull(VariationalOptimizer):
         check.positive("kl_weight", group["kl_weight"])
         check.nonnegative("damping", group["damping"])
         check.positive_int("inv_every", group["inv_every"])
+        if group["init_prec"] is not None:
+            check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
@@ -125,6 +132,9 @@ class NNGFull(VariationalOptimizer):
         if p is not self._carrier(group):
             return
         state["fisher"] = p.new_zeros(self.num_weights, self.num_weights)
+        if group["init_prec"] is not None:  # Λ₀ = (N/λ)F̄₀ + 1/η = init_prec
+            start = group["kl_weight"] / group["data_size"] * (group["init_prec"] - 1.0 / group["prior_var"])
+            state["fisher"].diagonal().fill_(start)
         state["fisher_updates"] = 0
         state.update(self._inverses(group, state["fisher"]))
 
@@ -168,7 +178,8 @@ class NNGFull(VariationalOptimizer):
         fisher = st["fisher"]
         if curvs is not None:
             count = st["fisher_updates"] + 1
-            fisher = fisher.lerp(curvs[0].view_as(fisher), max(group["beta"], 1.0 / count))  # (9)
+            weight = group["beta"] if group["init_prec"] is not None else max(group["beta"], 1.0 / count)
+            fisher = fisher.lerp(curvs[0].view_as(fisher), weight)  # (9)
             new.update(fisher=fisher, fisher_updates=count)
         if self.num_steps % group["inv_every"] == 0:
             new.update(self._inverses(group, fisher))

@@ -33,6 +33,11 @@ differentiates through √q, so lower layers also get the gradient of the noise'
 
 Prediction (``sampled_params()`` without ``train``) draws whole weights for every layer, so one forward pass
 is one function from the posterior.
+
+Under torch.distributed with ``rank_noise="shared"`` (one generator state on every rank), rank r takes rows
+[rB, (r+1)B) of one draw for the R·B examples of all ranks, and "auto" chooses with R·B rows: R ranks ×
+batch B then take exactly the steps of one process with batch R·B, as for the weight draw
+(:mod:`ngvi.distributed`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+from .. import distributed as dist_util
 
 __all__ = ["SAMPLINGS", "LocalPreactivations"]
 
@@ -102,7 +109,7 @@ class LocalPreactivations:
                 "but its first call was sampled per example; both calls must see one weight draw. Create "
                 "NoisyKFAC(..., sampling='weights')"
             )
-        rows, outs, cols = x.shape[0], module.out_features, state["A_root"].shape[-1]
+        rows, outs, cols = x.shape[0] * self._world(), module.out_features, state["A_root"].shape[-1]
         local = x.dim() == 2 and rows * (2.0 * cols * cols + outs * outs) < outs * cols * (outs + cols)
         if self.mode == "local":
             if x.dim() != 2:
@@ -119,6 +126,12 @@ class LocalPreactivations:
         self._deltas[name] = delta
         return output + F.linear(x, *delta)
 
+    def _world(self) -> int:
+        """R when the ranks share their noise (each takes its slice of one draw for all R·B rows), else 1."""
+        if self.owner.rank_noise == "shared" and dist_util.is_distributed():
+            return torch.distributed.get_world_size()
+        return 1
+
     def _scale(self) -> float:
         group = self.owner.param_groups[0]
         return group["kl_weight"] / group["data_size"]
@@ -131,7 +144,11 @@ class LocalPreactivations:
         if a_root.shape[0] > cols:
             xa = xa + a_root[cols]
         q = xa.square().sum(-1, keepdim=True).mul(self._scale())
-        eps = self._randn(output.shape, output)
+        world = self._world()
+        eps = self._randn((world * output.shape[0], *output.shape[1:]), output)
+        if world > 1:  # this rank's rows of the draw for all ranks' examples
+            start = dist_util.rank() * output.shape[0]
+            eps = eps[start : start + output.shape[0]]
         return q.clamp_min(torch.finfo(q.dtype).tiny).sqrt() * (eps @ s_root.mT)
 
     def _weight_draw(

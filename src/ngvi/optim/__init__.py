@@ -1,5 +1,6 @@
 """ngvi optimizers: one weight-perturbation engine and small update rules on top of it."""
 
+from ._diag_local import sample_preactivations
 from .badam import BAdam
 from .base import NonFiniteGradientError, VariationalOptimizer
 from .ivon import IVON
@@ -29,4 +30,5 @@ __all__ = [
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
+    "sample_preactivations",
 ]

@@ -61,6 +61,7 @@ class VariationalOptimizer(Optimizer):
     _elementwise: bool = False
     #: the rule keeps the default ``_perturb``, so the fused path (:mod:`._perturbation`) may run it
     diagonal_perturb: bool = True
+    local_params: frozenset[Tensor] = frozenset()  #: sampled per example (:mod:`._diag_local`)
     #: the curvature estimators the rule accepts through ``curvature=`` (:mod:`ngvi.curvature.estimators`)
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
@@ -154,8 +155,8 @@ class VariationalOptimizer(Optimizer):
         params.addcmul_(noise, self._precision(group, states).rsqrt())
 
     def unsampled(self, p: Tensor, train: bool) -> bool:
-        """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick)."""
-        return False
+        """True for a parameter that a draw leaves at μ (sampled through its layer's outputs)."""
+        return train and p in self.local_params
 
     # -- plumbing ------------------------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:

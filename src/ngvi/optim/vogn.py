@@ -131,7 +131,11 @@ class VOGN(VON):
     def _perturb(self, group, params, noise, states):
         # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
         prior_tilde = group["prior_prec"] / group["data_size"]
-        inv_std = self._scratch_for(self.trainable(group))  # the engine's order of params/noise/states
+        trainable = self.trainable(group)  # the engine's order of params/noise/states
+        if len(states) == len(trainable):
+            inv_std = self._scratch_for(trainable)
+        else:  # some layers are sampled through their outputs (sample_preactivations)
+            inv_std = [torch.empty_like(st["hess"]) for st in states]
         for buf, st in zip(inv_std, states, strict=True):
             torch.add(st["hess"], prior_tilde, out=buf)
         torch._foreach_rsqrt_(inv_std)

@@ -15,8 +15,11 @@ equivalents:
 * BBVI (Bayes by Backprop, NNG's BBB row): Adam, step 10⁻³, σ₀² = 1/10 (Khan et al. 2018, App. J.1).
 
 ``copies``: the 10 training particles are drawn as 10 copies of the minibatch in one forward pass; this is
-the 10-sample estimator where every row gets independent noise (noisy K-FAC with ``sampling="local"``, BBVI's
-local reparameterisation). The other methods draw 10 weight samples one after another.
+the 10-sample estimator where every row gets independent noise: noisy K-FAC with ``sampling="local"``, BBVI's
+local reparameterisation, and VOGN with :func:`ngvi.optim.sample_preactivations` (``local``; its curvature,
+per-example squared gradients, averages over rows). Noisy Adam's curvature is the square of each sample's
+minibatch gradient (Alg. 1), which copies would change, and NNG-BlkTri draws its layers jointly: their
+particles are weight samples drawn one after another.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class NNGMethod:
     name: str
     options: Callable[[int], dict[str, Any]]  # data_size -> trainer keywords
     copies: bool = False
+    local: bool = False  # per-example pre-activations for a diagonal rule (ngvi.optim.sample_preactivations)
     true_fisher: bool = False  # targets sampled with precision E_q[τ] (updated every step)
     published: str | None = None  # the row of NNG's Table 1 to put beside it
 
@@ -63,7 +67,7 @@ METHODS: dict[str, NNGMethod] = {
             "noisy_kfac", _fisher({**KFAC_STYLE, "sampling": "local"}), True, True, published="NNG-MVG"
         ),
         NNGMethod("nng_blktri", _fisher(KFAC_STYLE), true_fisher=True),
-        NNGMethod(
+        NNGMethod(  # weight draws: its curvature ĝ² is the square of each sample's minibatch gradient
             "noisy_adam", lambda n: {"lr": 1e-2, "betas": (0.9, 0.999), "damping": 0.0}, published="NNG-FFG"
         ),
         NNGMethod(
@@ -76,6 +80,8 @@ METHODS: dict[str, NNGMethod] = {
                 "curvature": "fisher",
                 "likelihood": "gaussian",
             },
+            copies=True,
+            local=True,
             true_fisher=True,
             published="NNG-FFG",
         ),

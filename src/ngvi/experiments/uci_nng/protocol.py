@@ -69,6 +69,8 @@ def fit(method: NNGMethod, dataset: str, split: UCISplit, protocol: Protocol, se
     model = models.mlp(x_train.shape[1], protocol.hidden(dataset), 1)
     options = {"prior_prec": PRIOR_PREC, "mc_samples": protocol.train_samples // copies, "seed": seed}
     trainer = method.method.build(model, n, **{**method.options(n), **options})
+    if method.local:
+        ngvi.optim.sample_preactivations(trainer, model)
     noise = GammaNoise(n)
     if method.true_fisher:
         _set_fisher_precision(trainer, noise.mean())

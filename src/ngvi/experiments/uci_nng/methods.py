@@ -64,7 +64,11 @@ METHODS: dict[str, NNGMethod] = {
     m.name: m
     for m in [
         NNGMethod(
-            "noisy_kfac", _fisher({**KFAC_STYLE, "sampling": "local"}), True, True, published="NNG-MVG"
+            "noisy_kfac",
+            _fisher({**KFAC_STYLE, "sampling": "local"}),
+            copies=True,
+            true_fisher=True,
+            published="NNG-MVG",
         ),
         NNGMethod("nng_blktri", _fisher(KFAC_STYLE), true_fisher=True),
         NNGMethod(  # weight draws: its curvature ĝ² is the square of each sample's minibatch gradient

@@ -34,6 +34,10 @@ Choices the paper leaves open, and ours:
   default, ``"auto"``, samples the pre-activations of nn.Linear layers per example instead wherever that
   costs fewer operations (the local reparameterisation, :mod:`._kfac_local`): the same posterior and the same
   expected gradient, with a lower variance; ``"local"`` does so for every Linear layer.
+* **Cost.** The two Cholesky-based inversions per factor are amortised over T_inv steps; the update's
+  S⁻¹VA⁻¹ is two dense products per layer, o·d'(o + d') multiply-adds, every step: V holds the prior term
+  γ_in·M, which is full rank, so the product cannot be shortened to the minibatch's rank. It is the
+  largest term of a step for wide layers (``ngvi bench`` reports the step against this FLOP floor).
 
 π per layer (and per group of a grouped conv) is √((tr A/dim A)/(tr S/dim S)); see :mod:`ngvi.curvature.kfac`.
 """

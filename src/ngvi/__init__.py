@@ -15,17 +15,20 @@ Bayesian deep learning as easy as training with Adam::
 """
 
 from . import baselines, curvature, metrics
+from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
     VOGN,
     VON,
     BAdam,
+    Diagnostics,
     NNGBlkTri,
     NNGFull,
     NoisyAdam,
     NoisyKFAC,
     NonFiniteGradientError,
     PosteriorOptimizer,
+    PosteriorWarning,
     VadaGrad,
     Vadam,
     VariationalOptimizer,
@@ -44,6 +47,7 @@ __all__ = [
     "VON",
     "BAdam",
     "BlockTridiagonalGaussian",
+    "Diagnostics",
     "DiagonalGaussian",
     "FullGaussian",
     "GaussianPosterior",
@@ -54,12 +58,14 @@ __all__ = [
     "NoisyKFAC",
     "NonFiniteGradientError",
     "PosteriorOptimizer",
+    "PosteriorWarning",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
     "baselines",
     "curvature",
+    "evaluate_classifier",
     "metrics",
     "predict",
 ]

@@ -33,6 +33,7 @@ from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
 from ..optim._kfac_local import LocalPreactivations
 from ..optim.base import VariationalOptimizer
+from ..optim.diagnostics import Diagnostics
 from ..optim.noisy_kfac import NoisyKFAC
 
 __all__ = ["KFAC"]
@@ -91,6 +92,7 @@ class KFAC(NoisyKFAC):
             damping=damping,
             stats_every=stats_every,
             inv_every=inv_every,
+            init_prec=None,  # factors from 0 with K-FAC's warm start (M&G), as NoisyKFAC(init_prec=None)
         )
         VariationalOptimizer.__init__(
             self, estimator.parameters, defaults, mc_samples=1, curvature=estimator, **engine_kwargs
@@ -140,3 +142,12 @@ class KFAC(NoisyKFAC):
     @torch.no_grad()
     def posterior(self):
         raise NotImplementedError(self._no_posterior())
+
+    def diagnostics(self) -> Diagnostics:
+        """Steps and data size; a point estimate has no variance to report (those fields are None)."""
+        return Diagnostics(
+            optimizer=type(self).__name__,
+            steps=self.num_steps,
+            skipped_steps=self.skipped_steps,
+            data_size=[int(g["data_size"]) for g in self.param_groups],
+        )

@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "uci-nng": "uci_nng",
     "nng-precision": "nng_precision",
     "bench": "bench",
+    "classify": "vision",
     "list": "listing",
 }
 

@@ -31,16 +31,17 @@ DATA_SIZE = 200
 NOISE_PREC = 1.0 / TOY_NOISE_STD**2
 PRIOR_PREC = 1.0
 TRAIN_RANGE = (0.0, 0.5)
-#: each method's settings here, beside prior_prec = PRIOR_PREC (the shared vocabulary: core.methods)
+#: each method's settings here, beside prior_prec = PRIOR_PREC (the shared vocabulary: core.methods); the
+#: papers' rules (the options whose ngvi defaults differ are pinned, as in uci/methods.PAPER_RULES)
 OPTIONS: dict[str, dict[str, Any]] = {
-    "vadam": {"lr": 1e-2, "init_prec": 100.0},
-    "vprop": {"lr": 1e-2, "init_prec": 100.0},
-    "von": {"lr": 1e-2, "beta": 1e-2, "init_prec": 100.0},
+    "vadam": {"lr": 1e-2, "init_prec": 100.0, "step_moment": "paper"},
+    "vprop": {"lr": 1e-2, "init_prec": 100.0, "step_moment": "paper", "noise": "normal"},
+    "von": {"lr": 1e-2, "beta": 1e-2, "init_prec": 100.0, "momentum": 0.0},
     "ivon": {"lr": 0.2, "betas": (0.9, 0.999), "hess_init": 100.0},
-    "noisy_adam": {"lr": 1e-2, "betas": (0.9, 0.99)},
+    "noisy_adam": {"lr": 1e-2, "betas": (0.9, 0.99), "init_prec": None},
     "badam": {"lr": 1e-2},
-    "vogn": {"lr": 0.05, "beta": 1e-2, "init_prec": 100.0},
-    "noisy_kfac": {"lr": 0.05, "beta": 1e-2, "damping": 1e-3},
+    "vogn": {"lr": 0.05, "beta": 1e-2, "init_prec": 100.0, "momentum": 0.0},
+    "noisy_kfac": {"lr": 0.05, "beta": 1e-2, "damping": 1e-3, "init_prec": None, "momentum": 0.0},
     "vadagrad": {"lr": 0.2, "beta": 0.01, "prior_prec": 0.0},  # variational optimisation: no prior
 }
 NOTES = {

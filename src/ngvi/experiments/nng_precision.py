@@ -108,8 +108,6 @@ class NNGPrecision(Experiment):
         model = models.mlp(x.shape[1], HIDDEN, 1).double()
         n = x.shape[0]
         options = {**FAMILIES[spec["method"]][1], "prior_prec": 1.0, "seed": spec["seed"]}
-        if spec["method"] == "nng_full":  # F̄₀ = I, as NNG's code starts its Fisher factors (see the README)
-            options["init_prec"] = n + 1.0
         trainer = REGISTRY[spec["method"]].build(model, n, **options)
         noise = GammaNoise(n)
         fisher = options.get("curvature") == "fisher"

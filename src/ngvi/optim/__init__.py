@@ -3,6 +3,7 @@
 from ._diag_local import sample_preactivations
 from .badam import BAdam
 from .base import NonFiniteGradientError, VariationalOptimizer
+from .diagnostics import Diagnostics, PosteriorWarning
 from .ivon import IVON
 from .nng_blktri import NNGBlkTri
 from .nng_full import NNGFull
@@ -20,12 +21,14 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "Diagnostics",
     "NNGBlkTri",
     "NNGFull",
     "NoisyAdam",
     "NoisyKFAC",
     "NonFiniteGradientError",
     "PosteriorOptimizer",
+    "PosteriorWarning",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",

@@ -20,7 +20,8 @@ The posterior covariance (λ/N)ΞᵀΛΞ is block tridiagonal (:class:`~ngvi.Blo
 
 Sampling draws the layers jointly, w − μ = √(λ/N) ΞᵀRε with RRᵀ = Λ; like Alg. 2 one draw is shared by the
 minibatch. The model must be a chain of nn.Linear layers (an MLP) run in the order it registers them.
-Schedules, the factors' warm start (weight max(β, 1/k) at the k-th update) and momentum are noisy K-FAC's.
+Schedules, the start (``init_prec``: A₀ = S₀ = I by default, none between layers; ``None``: zeros and the
+warm start) and momentum are noisy K-FAC's.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ..curvature.tridiagonal import (
 )
 from ..posterior_blktri import BlockTridiagonalGaussian
 from ._kfac_local import LocalPreactivations
+from ._prior import AUTO
 from .base import VariationalOptimizer
 from .noisy_kfac import NoisyKFAC
 
@@ -73,6 +75,7 @@ class NNGBlkTri(NoisyKFAC):
         mc_samples: int = 1,
         curvature: str = "ef",
         *,
+        init_prec: float | str | None = AUTO,
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -94,6 +97,7 @@ class NNGBlkTri(NoisyKFAC):
             damping=damping,
             stats_every=stats_every,
             inv_every=inv_every,
+            init_prec=init_prec,
         )
         VariationalOptimizer.__init__(
             self, estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
@@ -111,17 +115,19 @@ class NNGBlkTri(NoisyKFAC):
         if p is not self._hooks.layers[i].params[0]:
             return
         rows, cols = self._dims(i)
-        state["factor_A"] = p.new_zeros(cols, cols)
-        state["factor_S"] = p.new_zeros(rows, rows)
+        scale = self.initial_factor_scale(group)  # NoisyKFAC's start: aI on the diagonal blocks, 0 between
+        state["factor_A"] = torch.eye(cols, dtype=p.dtype, device=p.device).mul_(scale)
+        state["factor_S"] = torch.eye(rows, dtype=p.dtype, device=p.device).mul_(scale)
         if i + 1 < len(self._hooks.layers):
             next_rows, next_cols = self._dims(i + 1)
             state["factor_A_next"] = p.new_zeros(cols, next_cols)
             state["factor_S_next"] = p.new_zeros(rows, next_rows)
         state["factor_updates"] = 0
-        # zero factors: F̂ is the damping alone, every layer independent (Ψ = 0, e = 0)
+        # factors aI, none between layers: every layer independent (Ψ = 0, e = 0), with π = 1 and damped
+        # blocks (a + √γ)I, so K = (a + √γ)^(-1/2) I
         gamma_in = self.intrinsic_damping(group)
         for suffix, damping in (("_in", gamma_in), ("", gamma_in + group["damping"])):
-            root = math.sqrt(damping)
+            root = scale + math.sqrt(damping)
             state["K_S" + suffix] = torch.eye(rows, dtype=p.dtype, device=p.device) / math.sqrt(root)
             state["K_A" + suffix] = torch.eye(cols, dtype=p.dtype, device=p.device) / math.sqrt(root)
             state["e_S" + suffix] = p.new_zeros(rows)
@@ -212,7 +218,7 @@ class NNGBlkTri(NoisyKFAC):
         if curvs is not None:
             for ks, st, nw in zip(layers, current, new, strict=True):
                 count = st["factor_updates"] + 1
-                weight = max(beta, 1.0 / count)
+                weight = max(beta, 1.0 / count) if group["init_prec"] is None else beta  # warm start from 0
                 flat, offset = curvs[ks[0]], 0
                 for key in ("factor_A", "factor_S", "factor_A_next", "factor_S_next"):
                     if key not in st:

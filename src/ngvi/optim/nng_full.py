@@ -33,6 +33,7 @@ from ..curvature.full_fisher import PerExampleOuterProducts
 from ..curvature.kfac import damped_inverses
 from ..curvature.likelihoods import Likelihood
 from ..posterior_full import FullGaussian, flatten, unflatten
+from ._prior import AUTO
 from .base import VariationalOptimizer
 
 __all__ = ["NNGFull"]
@@ -48,8 +49,9 @@ class NNGFull(VariationalOptimizer):
         prior_var: η (or ``prior_prec`` = 1/η).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
         inv_every: recompute the two damped inverses every this many steps.  mc_samples: per step.
         curvature: "ef" or "fisher" (with ``likelihood``, ``noise_prec``); loss_reduction as for VOGN.
-        init_prec: the posterior precision at t = 0 as a multiple of I: F̄₀ = (λ/N)(init_prec − 1/η)·I, then
-            the plain EMA (as NNG's code, whose factors start at the identity). ``None`` (default): F̄₀ = 0
+        init_prec: where q starts: ``"auto"`` (default): F̄₀ = I, one unit of curvature per example (as
+            noisy K-FAC's A₀ = S₀ = I, and NNG's code, whose factors start at the identity); a number c:
+            F̄₀ = (λ/N)(c − 1/η)·I, q₀ with precision c; both then follow the plain EMA. ``None``: F̄₀ = 0
             and the running mean for the first 1/β updates (K-FAC's warm start), so q starts at the prior.
         max_params: refuse models with more parameters than this (D² numbers per matrix).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
@@ -76,7 +78,7 @@ class NNGFull(VariationalOptimizer):
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
-        init_prec: float | None = None,
+        init_prec: float | str | None = AUTO,
         max_params: int = 4096,
         **engine_kwargs: Any,
     ):
@@ -117,8 +119,7 @@ class NNGFull(VariationalOptimizer):
         check.positive("kl_weight", group["kl_weight"])
         check.nonnegative("damping", group["damping"])
         check.positive_int("inv_every", group["inv_every"])
-        if group["init_prec"] is not None:
-            check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
+        check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
@@ -132,9 +133,13 @@ class NNGFull(VariationalOptimizer):
         if p is not self._carrier(group):
             return
         state["fisher"] = p.new_zeros(self.num_weights, self.num_weights)
-        if group["init_prec"] is not None:  # Λ₀ = (N/λ)F̄₀ + 1/η = init_prec
-            start = group["kl_weight"] / group["data_size"] * (group["init_prec"] - 1.0 / group["prior_var"])
-            state["fisher"].diagonal().fill_(start)
+        init = group["init_prec"]
+        if init == AUTO:
+            state["fisher"].diagonal().fill_(1.0)
+        elif init is not None:  # Λ₀ = (N/λ)F̄₀ + 1/η = init_prec
+            state["fisher"].diagonal().fill_(
+                group["kl_weight"] / group["data_size"] * (init - 1.0 / group["prior_var"])
+            )
         state["fisher_updates"] = 0
         state.update(self._inverses(group, state["fisher"]))
 

@@ -5,10 +5,12 @@ noisy K-FAC with step α = 0.01 on an exponential moving average of V (momentum 
 correction), factor EMA step β = 0.001, no extrinsic damping, prior variance η = 1, KL weight 1, the true
 Fisher (targets sampled from the model), 10 training particles and 100 test particles. Heavy-ball momentum
 m with step α(1 − m) takes the same steps once the EMA's bias correction has faded (after ~20 steps), so
-the K-FAC-style methods here use lr = 0.001 with momentum 0.9. The other methods get their closest
-equivalents:
+the K-FAC-style methods here use lr = 0.001 with momentum 0.9. NNG's code starts the Kronecker factors at
+the identity and follows the EMA from there, which is ngvi's ``init_prec="auto"`` (the default of noisy
+K-FAC, NNG-BlkTri and noisy Adam: factors, or f, at 1). The other methods get their closest equivalents:
 
-* noisy Adam (NNG-FFG, Alg. 1): α = 0.01, (β₁, β₂) = (0.9, 0.999) — the same α, momentum and Fisher EMA.
+* noisy Adam (NNG-FFG, Alg. 1): α = 0.01, (β₁, β₂) = (0.9, 0.999) — the same α, momentum and Fisher EMA;
+  f starts at 1.
 * VOGN: NNG-FFG's family with per-example Gauss-Newton curvature: the K-FAC settings, s₀ = 1 (NNG's code
   starts its factors at the identity).
 * NNG-BlkTri: noisy K-FAC's settings (no per-example sampling: the layers are drawn jointly).

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import _validation as check
+from .._tensorlist import TensorList
 from ..curvature.kfac import damped_inverse, pi_split
 from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
@@ -124,14 +125,17 @@ class KFAC(NoisyKFAC):
         pi = pi_split(a, s)
         return {"A_inv": damped_inverse(a, pi * root), "S_inv": damped_inverse(s, root / pi)}
 
-    def unsampled(self, p: Tensor, train: bool) -> bool:
-        return True  # a point estimate: sampled_params() leaves every weight as it is
+    def point_estimate(self, p: Tensor) -> bool:
+        return True  # every weight: sampled_params() leaves it as it is, and it has no posterior variance
 
     def _perturb(self, group, params, noise, states):
         return None
 
     def _precision(self, group, states):
-        raise NotImplementedError(self._no_posterior())
+        """Infinite: a point estimate has variance 0 (what the engine's diagnostics read; the weights are
+        point estimates, so they leave them out)."""
+        params = self.trainable(group)
+        return TensorList(torch.full_like(p, math.inf) for p, _ in zip(params, states, strict=True))
 
     def _no_posterior(self) -> str:
         return (

@@ -5,8 +5,9 @@ noisy natural gradient. We used a network with 2 hidden layers of 15 units each,
 housing dataset." Here the same network (13-15-15-1, ReLU, 466 weights) is trained on Boston's split 0 with
 each of NNG-full (:class:`ngvi.NNGFull`), NNG-FFG (noisy Adam), NNG-MVG (noisy K-FAC) and NNG-BlkTri,
 under the settings of ``ngvi uci-nng`` (learned observation noise, η = 1, the true Fisher; one training
-particle; the step sizes at 0.3×, see ``SLOW``), and the dense posterior precision Λ = Σ⁻¹ of each is shown normalised to a correlation-like
-scale, Λᵢⱼ/√(ΛᵢᵢΛⱼⱼ), in parameter order (W₁ row by row, b₁, W₂, b₂, W₃, b₃; lines mark the layers).
+particle; the step sizes at 0.3×, see ``SLOW``), and the dense posterior precision Λ = Σ⁻¹ of each is
+shown normalised to a correlation-like scale, Λᵢⱼ/√(ΛᵢᵢΛⱼⱼ), in parameter order (W₁ row by row, b₁,
+W₂, b₂, W₃, b₃; lines mark the layers).
 
 What each family can represent is what the picture shows: FFG a diagonal; MVG one Kronecker-structured
 block per layer; BlkTri a dense precision whose inverse (the covariance) is block tridiagonal; full

@@ -14,7 +14,7 @@ Bayesian deep learning as easy as training with Adam::
     posterior = opt.posterior()                               # DiagonalGaussian
 """
 
-from . import baselines, curvature, metrics
+from . import baselines, curvature, metrics, pruning
 from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
@@ -38,6 +38,7 @@ from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
 from .posterior_blktri import BlockTridiagonalGaussian
 from .posterior_full import FullGaussian
 from .predict import predict
+from .pruning import apply_masks, prune_masks, pruned
 
 __version__ = "0.1.0"
 
@@ -63,9 +64,13 @@ __all__ = [
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
+    "apply_masks",
     "baselines",
     "curvature",
     "evaluate_classifier",
     "metrics",
     "predict",
+    "prune_masks",
+    "pruned",
+    "pruning",
 ]

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import pruning
+
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -38,6 +40,11 @@ class GaussianPosterior:
     def snr(self) -> list[Tensor]:
         """Signal-to-noise ratio |μ|/σ per weight (BADAM's pruning criterion)."""
         return [m.abs() / s for m, s in zip(self.mean, self.std, strict=True)]
+
+    def prune_masks(self, fraction: float, criterion: str = "snr", scope: str = "global") -> list[Tensor]:
+        """Keep-masks that prune the ``fraction`` of weights with the lowest |μ|/σ (``criterion="snr"``)
+        or |μ| (``"magnitude"``), over all weights or ``scope="per_tensor"``: see :mod:`ngvi.pruning`."""
+        return pruning.prune_masks(pruning.prune_scores(self, criterion), fraction, scope)
 
     def numel(self) -> int:
         return sum(m.numel() for m in self.mean)

@@ -18,7 +18,11 @@ COMMANDS: dict[str, str] = {
     "nng-precision": "nng_precision",
     "bench": "bench",
     "classify": "vision",
+    "hmc": "hmc",
+    "active": "active",
     "list": "listing",
+    "prune": "prune",
+    "rl": "rl",
 }
 
 

@@ -172,4 +172,6 @@ def plot(results: dict[str, Any], datasets: list[str], methods: list[str], path:
         ax.set_xticks([])
         ax.set_ylabel("test RMSE", fontsize=8)
         ax.tick_params(labelsize=7)
-    save_figure(fig, path, legend_from=axes[0])
+    # the legend from the panel with the most entries: a method that ran on some sets only still gets one
+    legend_from = max(axes[: len(datasets)], key=lambda ax: len(ax.get_legend_handles_labels()[1]))
+    save_figure(fig, path, legend_from=legend_from)

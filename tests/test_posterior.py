@@ -82,6 +82,30 @@ def test_isotropic_prior_and_kl_to_prior():
     torch.testing.assert_close(q.kl(prior), expected)
 
 
+def test_symmetric_kl_matches_the_dense_formula():
+    """ngvi.symmetric_kl = ½[KL(p‖q) + KL(q‖p)] against the general Gaussian KL of Khan et al.'s KL.m,
+    ½[tr(Σ₁⁻¹Σ₀) + (μ₁−μ₀)ᵀΣ₁⁻¹(μ₁−μ₀) − k − log det(Σ₁⁻¹Σ₀)], on dense diagonal covariances; it is
+    symmetric, zero for a posterior and its copy, and refuses what is not a posterior."""
+    p, q = posterior(0), posterior(1)
+
+    def dense_kl(a, b):
+        m0, m1 = torch.cat([m.flatten() for m in a.mean]), torch.cat([m.flatten() for m in b.mean])
+        s0, s1 = (
+            torch.diag(torch.cat([v.flatten() for v in a.variance])),
+            torch.diag(torch.cat([v.flatten() for v in b.variance])),
+        )
+        ratio = torch.linalg.solve(s1, s0)
+        d = m1 - m0
+        return 0.5 * (torch.trace(ratio) + d @ torch.linalg.solve(s1, d) - len(d) - torch.logdet(ratio))
+
+    expected = 0.5 * (dense_kl(p, q) + dense_kl(q, p))
+    torch.testing.assert_close(ngvi.symmetric_kl(p, q), expected, rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(ngvi.symmetric_kl(q, p), expected, rtol=1e-12, atol=0.0)
+    assert ngvi.symmetric_kl(p, posterior(0)).item() == 0.0
+    with pytest.raises(TypeError, match="GaussianPosterior"):
+        ngvi.symmetric_kl(p, p.mean)
+
+
 def test_bad_inputs():
     q = posterior()
     with pytest.raises(ValueError, match="positive"):

@@ -34,7 +34,7 @@ from .optim import (
     VariationalOptimizer,
     Vprop,
 )
-from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
+from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian, symmetric_kl
 from .posterior_blktri import BlockTridiagonalGaussian
 from .posterior_full import FullGaussian
 from .predict import predict
@@ -73,4 +73,5 @@ __all__ = [
     "prune_masks",
     "pruned",
     "pruning",
+    "symmetric_kl",
 ]

@@ -151,6 +151,28 @@ class DiagonalGaussian(GaussianPosterior):
         return f"DiagonalGaussian({len(self.mean)} tensors, {self.numel()} weights)"
 
 
+def symmetric_kl(p: GaussianPosterior, q: GaussianPosterior) -> Tensor:
+    r"""½ [KL(p ‖ q) + KL(q ‖ p)], in float64: the symmetric KL divergence that Khan et al. 2018 (§6.1,
+    Fig. 2; ``make_fig_two_b.m`` of their code) use to compare an approximation with MF-Exact.
+
+    For diagonal Gaussians it is, summed over weights,
+
+    .. math::
+        \tfrac14 \textstyle\sum_j \big[\sigma_{p,j}^2/\sigma_{q,j}^2 + \sigma_{q,j}^2/\sigma_{p,j}^2 - 2
+        + (\mu_{p,j} - \mu_{q,j})^2 (1/\sigma_{p,j}^2 + 1/\sigma_{q,j}^2)\big]
+
+    (the log-determinants cancel). The Jeffreys divergence is twice this. Both arguments must cover
+    parameters of the same shapes, and each must implement ``kl`` against the other (two
+    :class:`DiagonalGaussian`\ s, or two :class:`KroneckerGaussian`\ s with the same blocks).
+    """
+    for name, value in (("p", p), ("q", q)):
+        if not isinstance(value, GaussianPosterior):
+            raise TypeError(
+                f"{name} must be a GaussianPosterior (e.g. opt.posterior()), got {type(value).__name__}"
+            )
+    return 0.5 * (p.kl(q) + q.kl(p))
+
+
 def _point_indices(point: Sequence[int], count: int) -> tuple[int, ...]:
     out = tuple(sorted({int(i) for i in point}))
     if any(i < 0 or i >= count for i in out):

@@ -66,6 +66,50 @@ def test_minibatches_visit_every_row_once_per_epoch_and_copies_repeat_them():
     assert all(b[: len(b) // 2] == b[len(b) // 2 :] for b in seen)  # each batch twice in one pass
 
 
+def test_train_steps_takes_exactly_that_many_full_minibatches():
+    """train_steps: whole epochs, then the first minibatches of one more permutation; with drop_last every
+    step sees batch_size rows (the remainder of each epoch is dropped); before_step counts 1 … steps."""
+    sizes, counted = [], []
+
+    class Recorder:
+        def zero_grad(self):
+            pass
+
+        def backward(self, loss, output):
+            pass
+
+        def step(self, closure):
+            return closure()
+
+    x = torch.arange(10.0).unsqueeze(1)
+
+    def loss_fn(out, y):
+        sizes.append(len(out))
+        return out.sum()
+
+    losses = training.train_steps(
+        nn.Identity(),
+        Recorder(),
+        x,
+        x,
+        loss_fn,
+        steps=7,
+        batch_size=4,
+        generator=torch.Generator(),
+        drop_last=True,
+        before_step=counted.append,
+    )
+    assert len(losses) == 7 and sizes == [4] * 7 and counted == list(range(1, 8))
+    sizes.clear()
+    training.train_steps(
+        nn.Identity(), Recorder(), x, x, loss_fn, steps=4, batch_size=4, generator=torch.Generator()
+    )
+    assert sizes == [4, 4, 2, 4]  # without drop_last an epoch ends with its remainder
+    sizes.clear()
+    training.train_steps(nn.Identity(), Recorder(), x, x, loss_fn, steps=3, batch_size=4, copies=2)
+    assert sizes == [8, 8, 4]  # copies repeat each minibatch in the same pass
+
+
 def test_mlp_and_cnn_shapes():
     assert models.mlp(3, [8, 4], 2)(torch.zeros(5, 3)).shape == (5, 2)
     assert models.mlp(4, 8, 2, flatten=True)(torch.zeros(5, 2, 2)).shape == (5, 2)

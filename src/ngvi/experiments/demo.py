@@ -69,12 +69,7 @@ class Demo(Experiment):
     default_out = "runs/demo"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--methods",
-            type=types.names(OPTIONS),
-            default=list(OPTIONS),
-            help=f"comma-separated subset of: {', '.join(OPTIONS)} (default: all)",
-        )
+        types.add_subset(parser, "--methods", OPTIONS)
         parser.add_argument(
             "--steps",
             type=types.positive_int,

@@ -92,12 +92,7 @@ class Prune(Experiment):
     default_out = "runs/prune"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--methods",
-            type=types.names(OPTIONS),
-            default=list(OPTIONS),
-            help=f"comma-separated subset of: {', '.join(OPTIONS)} (default: all)",
-        )
+        types.add_subset(parser, "--methods", OPTIONS)
         parser.add_argument(
             "--epochs", type=types.positive_int, default=100, help="epochs (default 100, BADAM App. D.2)"
         )

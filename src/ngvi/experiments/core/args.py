@@ -67,3 +67,14 @@ def names(choices: Iterable[str] | None = None, aliases: Callable[[str], str] | 
         return list(dict.fromkeys(items))
 
     return parse
+
+
+def add_subset(parser: argparse.ArgumentParser, flag: str, choices: Iterable[str]) -> None:
+    """``flag``: a comma-separated subset of ``choices``, all of them by default."""
+    known = list(choices)
+    parser.add_argument(
+        flag,
+        type=names(known),
+        default=known,
+        help=f"comma-separated subset of: {', '.join(known)} (default: all)",
+    )

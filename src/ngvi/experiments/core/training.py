@@ -44,6 +44,8 @@ def train(
     batch_size: int | None = None,
     generator: torch.Generator | None = None,
     copies: int = 1,
+    drop_last: bool = False,
+    before_step: Callable[[int], None] | None = None,
     after_epoch: Callable[[int], None] | None = None,
     progress: Any = None,
     augment: Callable[[Tensor, torch.Generator | None], Tensor] | None = None,
@@ -54,10 +56,12 @@ def train(
     ``batch_size=None`` takes full-batch steps (one per epoch); otherwise each epoch visits a fresh
     permutation (drawn from ``generator``) in minibatches. ``copies`` repeats each minibatch that many times
     in one forward pass (MC samples drawn as rows: under the local reparameterisation every row gets its own
-    noise). ``after_epoch(epoch)`` runs after every epoch (evaluation curves); ``progress`` (a tqdm bar) is
-    advanced once per step. ``augment(xb, generator)`` transforms each
-    minibatch's inputs before the step (data augmentation; drawn from ``generator``). ``after_step(loss)``
-    runs after every step (a learned observation noise, say)."""
+    noise). ``drop_last`` drops each epoch's last, smaller minibatch, so that every step sees exactly
+    ``batch_size`` examples (minibatch-size studies). ``before_step(t)`` runs before step t = 1, 2, … (a
+    schedule that sets the trainer's group hyperparameters); ``after_epoch(epoch)`` runs after every epoch
+    (evaluation curves); ``progress`` (a tqdm bar) is advanced once per step. ``augment(xb, generator)``
+    transforms each minibatch's inputs before the step (data augmentation; drawn from ``generator``).
+    ``after_step(loss)`` runs after every step (a learned observation noise, say)."""
     n = x.shape[0]
     losses = []
     for epoch in range(epochs):
@@ -65,7 +69,11 @@ def train(
         batches = (
             [slice(None)] if batch_size is None else torch.randperm(n, generator=generator).split(batch_size)
         )
+        if drop_last and batch_size is not None and n % batch_size:
+            batches = batches[:-1]
         for idx in batches:
+            if before_step is not None:
+                before_step(len(losses) + 1)
             xb, yb = x[idx], y[idx]
             if augment is not None:
                 xb = augment(xb, generator)
@@ -79,4 +87,42 @@ def train(
                 progress.update()
         if after_epoch is not None:
             after_epoch(epoch)
+    return losses
+
+
+def train_steps(
+    model: nn.Module,
+    trainer: Any,
+    x: Tensor,
+    y: Tensor,
+    loss_fn: LossFn,
+    *,
+    steps: int,
+    batch_size: int,
+    generator: torch.Generator | None = None,
+    copies: int = 1,
+    drop_last: bool = False,
+    before_step: Callable[[int], None] | None = None,
+    progress: Any = None,
+) -> list[float]:
+    """Exactly ``steps`` minibatch steps (for protocols counted in iterations, not epochs): the whole
+    epochs of :func:`train`, then the first minibatches of one more fresh permutation. ``before_step(t)``
+    sees t = 1, …, ``steps`` throughout; ``copies`` as in :func:`train`. Returns the mean loss of every
+    step."""
+    n = x.shape[0]
+    per_epoch = n // batch_size if drop_last else -(-n // batch_size)
+    if per_epoch < 1:
+        raise ValueError(f"batch_size {batch_size} exceeds the {n} examples with drop_last=True")
+    full, rest = divmod(steps, per_epoch)
+    options = dict(
+        batch_size=batch_size, generator=generator, copies=copies, drop_last=drop_last, progress=progress
+    )
+    losses = (
+        train(model, trainer, x, y, loss_fn, epochs=full, before_step=before_step, **options) if full else []
+    )
+    if rest:  # rest < per_epoch whole minibatches of a fresh permutation
+        idx = torch.randperm(n, generator=generator)[: rest * batch_size]
+        offset = len(losses)
+        shifted = None if before_step is None else (lambda t: before_step(offset + t))
+        losses += train(model, trainer, x[idx], y[idx], loss_fn, epochs=1, before_step=shifted, **options)
     return losses

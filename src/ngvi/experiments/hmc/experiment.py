@@ -53,13 +53,7 @@ def budget_of(args: argparse.Namespace, **extra: int) -> Budget:
 
 
 def method_argument(parser: argparse.ArgumentParser) -> None:
-    names = protocol.available_methods()
-    parser.add_argument(
-        "--methods",
-        type=arg_types.names(names),
-        default=names,
-        help=f"comma-separated subset of: {', '.join(names)} (default: all)",
-    )
+    arg_types.add_subset(parser, "--methods", protocol.available_methods())
     parser.add_argument(
         "--datasets",
         type=arg_types.names(DATASETS, aliases=uci_name),

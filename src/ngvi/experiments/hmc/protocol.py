@@ -29,6 +29,7 @@ import ngvi
 from ..core import models, training
 from ..core.methods import METHODS as REGISTRY
 from ..data.uci import Standardizer, load_uci_data
+from ..uci.experiment import STANDARD_SETS
 from ..uci.methods import METHODS as UCI_METHODS
 from ..uci.methods import Setting
 
@@ -38,16 +39,7 @@ NOISE_PREC = 4.0
 TRAIN_SAMPLES = 4
 PREDICT_SAMPLES = 200
 #: NNG Table 3 and 4: the eight UCI sets (protein and year are left out)
-DATASETS = (
-    "bostonHousing",
-    "concrete",
-    "energy",
-    "kin8nm",
-    "naval-propulsion-plant",
-    "power-plant",
-    "wine-quality-red",
-    "yacht",
-)
+DATASETS = STANDARD_SETS
 #: NNG Table 4's methods and ours beside them, in table order; "nng_blktri" joins when this build has it
 METHOD_ORDER = ("noisy_adam", "noisy_kfac", "nng_blktri", "vogn", "vadam", "ivon", "bbvi")
 

@@ -46,12 +46,7 @@ class RL(Experiment):
     default_out = "runs/rl"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--variants",
-            type=types.names(VARIANTS),
-            default=list(VARIANTS),
-            help=f"comma-separated subset of: {', '.join(VARIANTS)} (default: all)",
-        )
+        types.add_subset(parser, "--variants", VARIANTS)
         parser.add_argument(
             "--env", default="HalfCheetah-v5", help="a gymnasium task with continuous actions"
         )

@@ -26,10 +26,13 @@ The facts below were read off the classes, not assumed:
   ``sampled_params(train=True)`` blocks, one MC sample each, then ``step()`` (BAdam's training block holds
   μ: its gradient is taken at the mean). ``"adam"`` (MAP, MC dropout):
   one backward pass (a block is allowed and changes nothing but dropout's mode), then ``step()``.
-* ``posterior``: ``"diagonal"`` (DiagonalGaussian), ``"kronecker"`` (NoisyKFAC's KroneckerGaussian) or
+* ``posterior``: ``"diagonal"`` (DiagonalGaussian), ``"kronecker"`` (NoisyKFAC's KroneckerGaussian),
+  ``"full"`` (NNGFull's FullGaussian), ``"blktri"`` (NNGBlkTri's BlockTridiagonalGaussian) or
   None: MAP's ``posterior()`` raises NotImplementedError (a point estimate, not a point-mass Gaussian) and so
   does MCDropout's (a mixture over masks). Their ``sampled_params()`` leaves the weights as they are (MC
   dropout samples through the masks instead).
+* ``joint``: NNGFull and NNGBlkTri couple all parameters in one posterior: a step in which a trainable
+  parameter gets no gradient raises a RuntimeError (freeze it) and changes nothing, instead of skipping it.
 * ``dtypes``: every trainer runs in float32 and float64, its state in the parameter's dtype.
 """
 
@@ -47,7 +50,7 @@ from torch import Tensor, nn
 
 import ngvi
 from conftest import make_mlp, regression_batch
-from ngvi.baselines import BBVI, MAP, MCDropout, mc_dropout_mlp
+from ngvi.baselines import BBVI, KFAC, MAP, MCDropout, mc_dropout_mlp
 
 N = 64  # the data_size every entry is built with
 
@@ -113,6 +116,8 @@ class TrainerInfo:
     #: draws from torch's global generator (MC dropout's masks): ``train`` seeds it
     global_rng: bool = False
     posterior: str | None = "diagonal"
+    #: the posterior couples every parameter: unused trainable parameters are refused, not skipped
+    joint: bool = False
     #: the message of ``posterior()``'s NotImplementedError where there is none
     no_posterior: str | None = None
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
@@ -292,6 +297,65 @@ TRAINERS: list[TrainerInfo] = [
             ({"stats_every": 0}, "stats_every must be a positive int, got 0"),
             ({"inv_every": 1.5}, "inv_every must be a positive int, got 1.5"),
             ({"curvature": "fisher"}, "needs likelihood="),
+        ),
+    ),
+    TrainerInfo(
+        "noisy_kfac_local",
+        ngvi.NoisyKFAC,
+        _factory(ngvi.NoisyKFAC, data_size=N, lr=0.05, momentum=0.5, inv_every=3, sampling="local"),
+        **HOOKS_LAYERS,
+        posterior="kronecker",
+        bad_arguments=(({"sampling": "rows"}, r"sampling must be one of \('auto', 'local', 'weights'\)"),),
+    ),
+    TrainerInfo(
+        "noisy_kfac_weights",
+        ngvi.NoisyKFAC,
+        _factory(ngvi.NoisyKFAC, data_size=N, lr=0.05, stats_every=2, inv_every=3, sampling="weights"),
+        **HOOKS_LAYERS,
+        posterior="kronecker",
+    ),
+    *with_true_fisher(
+        "gaussian",
+        "nng_blktri",
+        ngvi.NNGBlkTri,
+        _factory(ngvi.NNGBlkTri, data_size=N, lr=0.05, momentum=0.5, stats_every=2, inv_every=3),
+        takes_model=True,
+        add_param_group=False,
+        joint=True,
+        posterior="blktri",
+        bad_arguments=(
+            ({"beta": 0.0}, r"beta must lie in \(0, 1\], got 0.0"),
+            ({"prior_var": 0.0}, "prior_var must be > 0, got 0.0"),
+            ({"inv_every": 0}, "inv_every must be a positive int, got 0"),
+        ),
+    ),
+    *with_true_fisher(
+        "categorical",
+        "nng_full",
+        ngvi.NNGFull,
+        _factory(ngvi.NNGFull, data_size=N, lr=0.05, momentum=0.5, inv_every=2),
+        **HOOKS_LAYERS,
+        joint=True,
+        posterior="full",
+        bad_arguments=(
+            ({"beta": 1.5}, r"beta must lie in \(0, 1\], got 1.5"),
+            ({"damping": -1.0}, "damping must be >= 0, got -1.0"),
+            ({"max_params": 100}, "this model has 235 trainable parameters, more than max_params=100"),
+        ),
+    ),
+    *with_true_fisher(
+        "categorical",
+        "kfac",
+        KFAC,
+        _factory(KFAC, data_size=N, lr=0.05, momentum=0.5, prior_prec=1.0, inv_every=3),
+        **HOOKS_LAYERS,
+        mc_samples=False,
+        posterior=None,
+        no_posterior="is a point estimate and has no posterior distribution",
+        bad_arguments=(
+            ({"mc_samples": 2}, "is a point estimate: .*mc_samples must be 1, got 2"),
+            ({"prior_prec": -1.0}, "prior_prec must be >= 0, got -1.0"),
+            ({"prior_prec": 0.0, "damping": 0.0}, "KFAC needs prior_prec > 0 or damping > 0"),
         ),
     ),
     TrainerInfo(

@@ -22,6 +22,8 @@ from .optim import (
     VON,
     BAdam,
     Diagnostics,
+    NNGBlkTri,
+    NNGFull,
     NoisyAdam,
     NoisyKFAC,
     NonFiniteGradientError,
@@ -33,6 +35,8 @@ from .optim import (
     Vprop,
 )
 from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian, symmetric_kl
+from .posterior_blktri import BlockTridiagonalGaussian
+from .posterior_full import FullGaussian
 from .predict import predict
 from .pruning import apply_masks, prune_masks, pruned
 
@@ -43,10 +47,14 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "BlockTridiagonalGaussian",
     "Diagnostics",
     "DiagonalGaussian",
+    "FullGaussian",
     "GaussianPosterior",
     "KroneckerGaussian",
+    "NNGBlkTri",
+    "NNGFull",
     "NoisyAdam",
     "NoisyKFAC",
     "NonFiniteGradientError",

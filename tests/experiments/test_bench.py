@@ -45,3 +45,33 @@ def test_bench_rejects_bad_arguments_in_one_line(tmp_path, capsys):
         assert main(["bench", "--quick", "--out", str(tmp_path), *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
+
+
+def test_kfac_flop_floor_counts_the_layers():
+    """forward B·o·d, backward twice that (once for the first layer), factors B(d'² + o²), preconditioning
+    o·d'(o + d'), per layer, for Linear layers and a Conv2d (T = output pixels, d = C_in·k²)."""
+    import torch
+    from torch import nn
+
+    from ngvi.experiments.bench.flops import kfac_flops
+    from ngvi.experiments.bench.report import _kfac_floor
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.Flatten(), nn.Linear(2 * 16, 5))
+    f = kfac_flops(model, torch.zeros(7, 1, 4, 4), stats_every=2)
+    conv, lin = (16, 2, 9, 10), (1, 5, 32, 33)  # T, o, d, d'
+    assert f.forward() == 7 * (16 * 2 * 9 + 5 * 32)
+    assert f.backward() == 7 * (16 * 2 * 9 + 2 * 5 * 32)
+    assert f.factors() == 7 * sum(t * (dp**2 + o**2) for t, o, _, dp in (conv, lin)) / 2
+    assert f.preconditioning() == sum(o * dp * (o + dp) for _, o, _, dp in (conv, lin))
+    assert f.floor() == f.forward() + f.backward() + f.factors() + f.preconditioning()
+    res = {
+        "methods": {
+            "adam": {"label": "Adam", "seconds": 0.01},
+            "kfac": {"label": "K-FAC", "seconds": 0.04},
+            "noisy_kfac": {"label": "noisy K-FAC", "seconds": 0.05},
+        },
+        "kfac_flops": f.terms(),
+        "matmul_flops_per_second": 2 * f.floor() / 0.02,  # the floor takes 20 ms at this rate
+    }
+    text = _kfac_floor(res)
+    assert "| noisy K-FAC | 50.0 | 5.00× | 1.25× | 2.50× |" in text and "| floor |" in text

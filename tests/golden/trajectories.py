@@ -188,9 +188,10 @@ CASES: dict[str, tuple[Callable, str]] = {
         ),
         "output",
     ),
+    # noisy K-FAC as recorded: Alg. 2's shared weight draw (the default is now sampling="auto")
     "noisy_kfac": (
         lambda m, k: ngvi.NoisyKFAC(
-            m, N, lr=1e-2, beta=0.1, momentum=0.0, inv_every=5, init_prec=None, seed=3
+            m, N, lr=1e-2, beta=0.1, momentum=0.0, inv_every=5, init_prec=None, seed=3, sampling="weights"
         ),
         "backward",
     ),
@@ -208,6 +209,7 @@ CASES: dict[str, tuple[Callable, str]] = {
             likelihood=LIKELIHOOD[k],
             init_prec=None,
             seed=3,
+            sampling="weights",
         ),
         "output",
     ),

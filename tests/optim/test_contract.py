@@ -176,7 +176,12 @@ def test_posterior_is_a_snapshot_of_the_trained_parameters(info):
     opt = info.build(model)
     info.train(model, opt, 3)
     post = opt.posterior()
-    expected = {"diagonal": ngvi.DiagonalGaussian, "kronecker": ngvi.KroneckerGaussian}[info.posterior]
+    expected = {
+        "diagonal": ngvi.DiagonalGaussian,
+        "kronecker": ngvi.KroneckerGaussian,
+        "full": ngvi.FullGaussian,
+        "blktri": ngvi.BlockTridiagonalGaussian,
+    }[info.posterior]
     assert type(post) is expected
     params = [p for g in opt.param_groups for p in g["params"]]
     assert [v.shape for v in post.variance] == [p.shape for p in params]

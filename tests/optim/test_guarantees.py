@@ -310,6 +310,13 @@ def test_parameters_without_gradient_are_skipped(info):
     opt = info.build(model)
     idle = [*model.unused.parameters(), *model.frozen.parameters()]
     idle_before, body_before = [p.detach().clone() for p in idle], params_of(model.body)
+    if info.joint:  # one posterior over all parameters: an unused one is refused, and nothing changes
+        with pytest.raises(RuntimeError, match=r"unused\.weight, unused\.bias got no gradient.*freeze"):
+            info.train(model, opt, 1)
+        assert_same(params_of(model.body), body_before)
+        assert_same([p.detach() for p in idle], idle_before)
+        assert opt.num_steps == 0 and all(s.get("step", 0) == 0 for s in opt.state.values())
+        return
     info.train(model, opt, 1)
     idle_state = saved([opt.state.get(p, {}) for p in idle])
     info.train(model, opt, 2)

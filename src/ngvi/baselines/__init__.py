@@ -3,6 +3,7 @@
 * :class:`BBVI` — Bayes by Backprop (mean-field Gaussian, reparameterisation + local reparameterisation).
 * :class:`MCDropout` and :func:`mc_dropout_mlp` — MC dropout (Gal & Ghahramani 2016).
 * :class:`MAP` — Adam on the MAP objective f(θ) + (λ/2N)‖θ‖².
+* :class:`KFAC` — K-FAC (Martens & Grosse 2015) on the same objective: noisy K-FAC without the noise.
 * :func:`nuts_posterior` — the exact posterior of a small torch model sampled by pyro-ppl's NUTS, with R-hat
   and effective sample sizes (:mod:`ngvi.baselines.nuts`; pyro is imported only when it is called).
 * :mod:`ngvi.baselines.exact` — exact posteriors of Bayesian linear regression and the exact mean-field
@@ -22,12 +23,14 @@ from .exact import (
     logistic_regression_elbo,
     logistic_regression_mean_field,
 )
+from .kfac import KFAC
 from .map import MAP
 from .mc_dropout import MCDropout, mc_dropout_mlp, mc_dropout_weight_decay
 from .nuts import NUTSPosterior, nuts_posterior
 
 __all__ = [
     "BBVI",
+    "KFAC",
     "MAP",
     "MCDropout",
     "NUTSPosterior",

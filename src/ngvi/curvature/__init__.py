@@ -18,7 +18,7 @@ hooks only during a training sample, pickling).
 """
 
 from .hooks import CurvatureHooks, HookedLayer, find_layers
-from .kfac import damped_inverses, pi_split
+from .kfac import damped_inverse, damped_inverses, pi_split
 from .likelihoods import Bernoulli, Categorical, Gaussian, Likelihood, make_likelihood
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Gaussian",
     "HookedLayer",
     "Likelihood",
+    "damped_inverse",
     "damped_inverses",
     "find_layers",
     "make_likelihood",

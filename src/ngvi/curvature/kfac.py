@@ -56,3 +56,19 @@ def damped_inverses(x: Tensor, c_root: Tensor, c_inverse: Tensor) -> tuple[Tenso
         root = evecs * (evals + c_root).rsqrt()
         inverse = (evecs / (evals + c_inverse)) @ evecs.mT
     return root.to(dtype), inverse.to(dtype)
+
+
+def damped_inverse(x: Tensor, c: Tensor) -> Tensor:
+    """(X + c·I)⁻¹ alone, for a batch x [G, d, d] of PSD matrices and dampings c [G] > 0 (K-FAC's update
+    needs no sampling root): one Cholesky factorisation, or the clamped eigendecomposition if it fails."""
+    dtype = x.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    x = x.to(work)
+    x = 0.5 * (x + x.mT)
+    eye = torch.eye(x.shape[-1], dtype=work, device=x.device)
+    c = c.to(work)[:, None, None]
+    chol, info = torch.linalg.cholesky_ex(x + c * eye)
+    if bool((info == 0).all()):
+        return torch.cholesky_inverse(chol).to(dtype)
+    evals, evecs = torch.linalg.eigh(x)
+    return ((evecs / (evals.clamp(min=0).unsqueeze(-2) + c)) @ evecs.mT).to(dtype)

@@ -131,6 +131,20 @@ class LayerCurvature(CurvatureEstimator):
         if self.loss_reduction == "sum":
             grads.mul_(1.0 / self.hooks.batch_size())
 
+    def require_all(self, sample: CurvatureInput) -> None:
+        """For rules whose posterior couples every parameter (NNGFull, NNGBlkTri): refuse a sample in which
+        some trainable parameter got no gradient (raised before anything is updated)."""
+        if len(sample.params) == len(self.parameters):
+            return
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        have = {id(p) for p in sample.params}
+        idle = ", ".join(names.get(id(p), "?") for p in self.parameters if id(p) not in have)
+        raise RuntimeError(
+            f"{self.owner}'s posterior couples all trainable parameters, but {idle} got no gradient in this "
+            "sample (unused in the forward pass?); freeze them (requires_grad_(False)) before creating the "
+            "optimizer"
+        )
+
     def missing(self, params: list[Tensor]) -> RuntimeError:
         names = {id(p): n for n, p in self.model.named_parameters()}
         listed = ", ".join(names.get(id(p), "?") for p in params)

@@ -14,6 +14,8 @@ from typing import Any
 COMMANDS: dict[str, str] = {
     "demo": "demo",
     "uci": "uci",
+    "uci-nng": "uci_nng",
+    "nng-precision": "nng_precision",
     "bench": "bench",
     "logreg": "logreg",
     "convergence": "convergence",

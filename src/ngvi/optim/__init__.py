@@ -1,9 +1,12 @@
 """ngvi optimizers: one weight-perturbation engine and small update rules on top of it."""
 
+from ._diag_local import sample_preactivations
 from .badam import BAdam
 from .base import NonFiniteGradientError, VariationalOptimizer
 from .diagnostics import Diagnostics, PosteriorWarning
 from .ivon import IVON
+from .nng_blktri import NNGBlkTri
+from .nng_full import NNGFull
 from .noisy_adam import NoisyAdam
 from .noisy_kfac import NoisyKFAC
 from .protocol import PosteriorOptimizer
@@ -19,6 +22,8 @@ __all__ = [
     "VON",
     "BAdam",
     "Diagnostics",
+    "NNGBlkTri",
+    "NNGFull",
     "NoisyAdam",
     "NoisyKFAC",
     "NonFiniteGradientError",
@@ -28,4 +33,5 @@ __all__ = [
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
+    "sample_preactivations",
 ]

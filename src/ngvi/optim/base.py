@@ -63,6 +63,7 @@ class VariationalOptimizer(Optimizer):
     _elementwise: bool = False
     #: the rule keeps the default ``_perturb``, so the fused path (:mod:`._perturbation`) may run it
     diagonal_perturb: bool = True
+    local_params: frozenset[Tensor] = frozenset()  #: sampled per example (:mod:`._diag_local`)
     #: the curvature estimators the rule accepts through ``curvature=`` (:mod:`ngvi.curvature.estimators`)
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
@@ -158,9 +159,9 @@ class VariationalOptimizer(Optimizer):
         params.addcmul_(noise, self._precision(group, states).rsqrt())
 
     def unsampled(self, p: Tensor, train: bool) -> bool:
-        """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick; or a point
-        estimate)."""
-        return self.point_estimate(p)
+        """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick, the layers of
+        :func:`~._diag_local.sample_preactivations` in training; or a point estimate)."""
+        return self.point_estimate(p) or (train and p in self.local_params)
 
     def point_estimate(self, p: Tensor) -> bool:
         """True for a parameter that is a point estimate: no posterior noise, variance 0 in ``posterior()``

@@ -35,6 +35,14 @@ Choices the paper leaves open, and ours:
   at the first step and every T steps after (Alg. 2's k ≡ 0 would use uninverted factors until step T_inv).
   Between inversions, sampling and the update use the last inverses, as in Alg. 2.
 * **Momentum** (Alg. 2 assumes none): heavy-ball on the preconditioned step, buf ← m·buf + S⁻¹VA⁻¹.
+* **Sampling** (``sampling=``): Alg. 2 draws W once per step for the whole minibatch (``"weights"``). The
+  default, ``"auto"``, samples the pre-activations of nn.Linear layers per example instead wherever that
+  costs fewer operations (the local reparameterisation, :mod:`._kfac_local`): the same posterior and the same
+  expected gradient, with a lower variance; ``"local"`` does so for every Linear layer.
+* **Cost.** The two Cholesky-based inversions per factor are amortised over T_inv steps; the update's
+  S⁻¹VA⁻¹ is two dense products per layer, o·d'(o + d') multiply-adds, every step: V holds the prior term
+  γ_in·M, which is full rank, so the product cannot be shortened to the minibatch's rank. It is the
+  largest term of a step for wide layers (``ngvi bench`` reports the step against this FLOP floor).
 
 π per layer (and per group of a grouped conv) is √((tr A/dim A)/(tr S/dim S)); see :mod:`ngvi.curvature.kfac`.
 """
@@ -55,6 +63,7 @@ from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
 from ..posterior import KroneckerBlock, KroneckerGaussian, join_block, split_block
 from . import functional as F
+from ._kfac_local import SAMPLINGS, LocalPreactivations
 from ._prior import AUTO
 from .base import VariationalOptimizer
 
@@ -72,6 +81,8 @@ class NoisyKFAC(VariationalOptimizer):
         prior_prec: the prior's precision 1/η, the name every ngvi optimizer accepts (give one of the two).
         stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.
         curvature: "ef" (the closure's own loss) or "fisher" (targets sampled from ``likelihood``).
+        sampling: "auto" (default), "local" or "weights" (Alg. 2's shared weight draw): how a training
+            sample draws the nn.Linear layers (see :mod:`ngvi.optim._kfac_local`).
         likelihood, noise_prec, loss_reduction, chunk_bytes: as for :class:`~ngvi.optim.vogn.VOGN`.
         **engine_kwargs: ``seed``, ``skip_nonfinite``.
     """
@@ -100,8 +111,10 @@ class NoisyKFAC(VariationalOptimizer):
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
+        sampling: str = "auto",
         **engine_kwargs: Any,
     ):
+        self.sampling = check.choice("sampling", sampling, SAMPLINGS)
         estimator = KroneckerFactors(
             model,
             curvature,
@@ -122,9 +135,18 @@ class NoisyKFAC(VariationalOptimizer):
             inv_every=inv_every,
             init_prec=init_prec,
         )
-        super().__init__(
-            estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
+        self.local_sampling = LocalPreactivations(
+            [] if sampling == "weights" else _local_layers(estimator), sampling
         )
+        super().__init__(
+            estimator.parameters,
+            defaults,
+            mc_samples=mc_samples,
+            curvature=estimator,
+            plugins=(self.local_sampling,),
+            **engine_kwargs,
+        )
+        self.local_sampling.bind(self)
 
     @property
     def _hooks(self) -> CurvatureHooks:
@@ -226,10 +248,18 @@ class NoisyKFAC(VariationalOptimizer):
         s_root, s_inv = damped_inverses(s, root_in / pi, root / pi)
         return {"A_root": a_root, "A_inv": a_inv, "S_root": s_root, "S_inv": s_inv}
 
+    def unsampled(self, p: Tensor, train: bool) -> bool:  # point estimates, and the locally sampled layers
+        return super().unsampled(p, train) or (train and p in self.local_sampling.params)
+
     def _perturb(self, group, params, noise, states):
+        """W ← M + √(λ/N) B_S E B_Aᵀ for the layers in ``params`` (found by their states: the layers the
+        local sampling draws itself are not among them)."""
         scale = math.sqrt(group["kl_weight"] / group["data_size"])
-        sampled = [p for p in self.trainable(group) if not self.point_estimate(p)]  # the engine's order
-        for i, ks in self._positions(sampled):
+        where = {id(st): k for k, st in enumerate(states)}  # batch norm and locally sampled layers absent
+        for i, layer in enumerate(self._hooks.layers):
+            ks = [where.get(id(self.state[p])) for p in layer.params]
+            if any(k is None for k in ks):
+                continue
             st = states[ks[0]]
             eps = self._join(i, [noise[k] for k in ks])
             draw = (st["S_root"] @ eps @ st["A_root"].mT).mul_(scale)  # rows ~ S⁻¹, columns ~ (λ/N) A⁻¹
@@ -305,3 +335,12 @@ class NoisyKFAC(VariationalOptimizer):
             col_cov = (a_root @ a_root.mT).mul_(scale)
             blocks.append(KroneckerBlock(tuple(ks), row_cov, col_cov))
         return KroneckerGaussian([self.mean_of(p) for p in params], blocks, point=point)
+
+
+def _local_layers(estimator: KroneckerFactors) -> list[tuple[str, nn.Linear, Tensor]]:
+    """The Linear layers with a trained weight, each with the parameter that carries its state."""
+    return [
+        (layer.name, layer.module, layer.weight)
+        for layer in estimator.hooks.layers
+        if isinstance(layer.module, nn.Linear) and layer.weight is not None
+    ]

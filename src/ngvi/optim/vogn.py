@@ -131,7 +131,10 @@ class VOGN(VON):
         # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
         prior_tilde = group["prior_prec"] / group["data_size"]
         sampled = [p for p in self.trainable(group) if not self.point_estimate(p)]  # batch norm: no noise
-        inv_std = self._scratch_for(sampled)  # the engine's order of params/noise/states
+        if len(states) == len(sampled):
+            inv_std = self._scratch_for(sampled)  # the engine's order of params/noise/states
+        else:  # some layers are sampled through their outputs (sample_preactivations)
+            inv_std = [torch.empty_like(st["hess"]) for st in states]
         for buf, st in zip(inv_std, states, strict=True):
             torch.add(st["hess"], prior_tilde, out=buf)
         torch._foreach_rsqrt_(inv_std)

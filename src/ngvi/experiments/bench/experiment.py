@@ -7,8 +7,9 @@ import torch
 
 from ..core import args as types
 from ..core.runner import Experiment, Job, Run
+from .flops import kfac_flops, matmul_rate
 from .measure import environment, problems, run_problem, sweep_problem
-from .methods import availability, methods
+from .methods import KFAC_CYCLE, availability, methods
 from .report import SWEEP_METHODS, plot_scaling, table
 from .state_memory import measure as measure_state_memory
 from .state_memory import table as state_memory_table
@@ -103,9 +104,15 @@ class Bench(Experiment):
             return measure_state_memory(spec["quick"])
         if "problem" in spec:
             problem = problems(spec["quick"])[spec["problem"]]
-            return run_problem(
+            result = run_problem(
                 problem, chosen, device, spec["warmup"], spec["rounds"], spec["steps"], spec["memory"], None
             )
+            if any(n.split("-")[0] in KFAC_CYCLE for n in chosen):  # K-FAC's FLOP floor, same process
+                x, _ = problem.data(device)
+                flops = kfac_flops(problem.model(device), x, inv_every=max(KFAC_CYCLE.values()))
+                result["kfac_flops"] = flops.terms()
+                result["matmul_flops_per_second"] = matmul_rate(device=device)
+            return result
         sweep = {n: m for n, m in chosen.items() if n in SWEEP_METHODS}
         batch = 16 if spec["quick"] else 256
         return run_problem(

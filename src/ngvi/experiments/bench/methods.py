@@ -115,8 +115,11 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "badam": {"seed": 0},
     "vogn": {"momentum": 0.0, "seed": 0},
     "noisy_kfac": {"inv_every": 20, "momentum": 0.0, "seed": 0},
+    "kfac": {"inv_every": 20, "momentum": 0.0, "seed": 0},
     "bbvi": {"lr": 1e-3, "seed": 0},
 }
+#: the K-FAC family: timed as the mean over whole inversion cycles (their amortised step)
+KFAC_CYCLE = {"noisy_kfac": 20, "kfac": 20}
 COMPILED = ("vadam", "vprop", "ivon")
 
 
@@ -127,14 +130,21 @@ def methods(noise_variants: bool = False) -> dict[str, Method]:
     }
     for name, options in OPTIONS.items():
         registered = REGISTRY[name]
-        label = f"ngvi.{registered.cls}" + (" (amortised over inv_every=20)" if name == "noisy_kfac" else "")
+        cycle = KFAC_CYCLE.get(name, 1)
+        label = f"ngvi.{registered.cls}" + (f" (amortised over inv_every={cycle})" if cycle > 1 else "")
+        if name == "noisy_kfac":
+            label = f"ngvi.NoisyKFAC, sampling='auto' (the default; amortised over inv_every={cycle})"
         out[name] = Method(
-            label,
-            ngvi_method(name, **options),
-            requires=name,
-            amortised=name == "noisy_kfac",
-            cycle=20 if name == "noisy_kfac" else 1,
+            label, ngvi_method(name, **options), requires=name, amortised=cycle > 1, cycle=cycle
         )
+        if name == "noisy_kfac":  # the paper's form (Alg. 2): one weight draw for the minibatch
+            out["noisy_kfac-weights"] = Method(
+                f"ngvi.NoisyKFAC, sampling='weights' (amortised over inv_every={cycle})",
+                ngvi_method(name, sampling="weights", **options),
+                requires=name,
+                amortised=True,
+                cycle=cycle,
+            )
     for name in COMPILED:
         cls = REGISTRY[name].cls
         out[f"{name}-compiled"] = Method(

@@ -87,6 +87,20 @@ METHODS: dict[str, Method] = dict(
             "noisy K-FAC, matrix-variate Gaussian (Zhang et al. 2018)",
             takes_model=True,
         ),
+        _method(
+            "nng_full",
+            "NNG-full",
+            "NNGFull",
+            "noisy natural gradient, full-covariance Gaussian (Zhang et al. 2018, §3.1)",
+            takes_model=True,
+        ),
+        _method(
+            "nng_blktri",
+            "NNG-BlkTri",
+            "NNGBlkTri",
+            "noisy K-FAC, block-tridiagonal posterior (Zhang et al. 2018, §3.5)",
+            takes_model=True,
+        ),
         _method("badam", "BAdam", "BAdam", "Adam read as a Laplace posterior (BADAM)", linearized=True),
         _method(
             "bbvi",
@@ -104,5 +118,12 @@ METHODS: dict[str, Method] = dict(
             dropout=True,
         ),
         _method("map", "MAP", "baselines.MAP", "Adam with weight decay from the prior", takes_model=True),
+        _method(
+            "kfac",
+            "K-FAC",
+            "baselines.KFAC",
+            "K-FAC, the point estimate (Martens & Grosse 2015)",
+            takes_model=True,
+        ),
     ]
 )

@@ -49,6 +49,7 @@ def train(
     after_epoch: Callable[[int], None] | None = None,
     progress: Any = None,
     augment: Callable[[Tensor, torch.Generator | None], Tensor] | None = None,
+    after_step: Callable[[float], None] | None = None,
 ) -> list[float]:
     """Train for ``epochs`` passes over (x, y); returns the mean loss of every step.
 
@@ -59,7 +60,8 @@ def train(
     ``batch_size`` examples (minibatch-size studies). ``before_step(t)`` runs before step t = 1, 2, … (a
     schedule that sets the trainer's group hyperparameters); ``after_epoch(epoch)`` runs after every epoch
     (evaluation curves); ``progress`` (a tqdm bar) is advanced once per step. ``augment(xb, generator)``
-    transforms each minibatch's inputs before the step (data augmentation; drawn from ``generator``)."""
+    transforms each minibatch's inputs before the step (data augmentation; drawn from ``generator``).
+    ``after_step(loss)`` runs after every step (a learned observation noise, say)."""
     n = x.shape[0]
     losses = []
     for epoch in range(epochs):
@@ -79,6 +81,8 @@ def train(
                 xb, yb = xb.repeat(copies, *[1] * (xb.dim() - 1)), yb.repeat(copies, *[1] * (yb.dim() - 1))
             loss = trainer.step(closure(model, trainer, loss_fn, xb, yb))
             losses.append(float(loss.detach()) if isinstance(loss, Tensor) else float(loss))
+            if after_step is not None:
+                after_step(losses[-1])
             if progress is not None:
                 progress.update()
         if after_epoch is not None:

@@ -1,0 +1,175 @@
+"""``ngvi uci-nng``: the UCI regression benchmark under Zhang et al. 2018's protocol (NNG §5.1, Table 1).
+
+A sibling of ``ngvi uci`` (Khan et al. 2018's protocol: 40 epochs, λ and τ tuned by BO), which stays as it
+is. Here the prior is fixed (η = 1), the observation noise is learned with the weights (:mod:`.noise`) and
+the training length is NNG's (:mod:`.protocol`). Fits run on ``--jobs`` worker processes, each kept in
+``results.json`` as it finishes, so a killed run resumes. A benchmark run in pieces (methods or data sets
+with different budgets) becomes one table with ``--merge-from DIR1,DIR2 --report-only``: every fit records
+the settings it ran with, and the table states them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from ..core import args as arg_types
+from ..core.runner import Experiment, Job, Run
+from ..data import load_uci, uci_info, uci_name
+from .methods import METHODS
+from .protocol import Protocol, fit
+
+#: NNG's Table 1 without year (not in the staged data)
+DATASETS = (
+    "bostonHousing",
+    "concrete",
+    "energy",
+    "kin8nm",
+    "naval-propulsion-plant",
+    "power-plant",
+    "protein-tertiary-structure",
+    "wine-quality-red",
+    "yacht",
+)
+
+
+def _key(*parts: Any) -> str:
+    return "/".join(str(p) for p in parts)
+
+
+class UCINNG(Experiment):
+    name = "uci-nng"
+    help = "the UCI regression benchmark under NNG's protocol (Zhang et al. 2018, §5.1, Table 1)"
+    default_out = "runs/uci-nng"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = (
+            "examples:\n"
+            "  ngvi uci-nng --datasets yacht --methods noisy_kfac --splits 3\n"
+            "  ngvi uci-nng --epochs-large 100 --splits 3            # shorter runs on the four large sets\n"
+            "  ngvi uci-nng --merge-from A,B --report-only --out ALL  # one table from runs in pieces\n"
+            "A killed run resumes: rerun the same command with the same --out."
+        )
+        parser.add_argument(
+            "--datasets",
+            type=arg_types.names(aliases=uci_name),
+            default=list(DATASETS),
+            help="comma-separated UCI sets (aliases: boston, naval, power, wine, protein); default: all nine",
+        )
+        parser.add_argument(
+            "--methods",
+            type=arg_types.names(METHODS),
+            default=list(METHODS),
+            help=f"comma-separated: {', '.join(METHODS)} (default: all)",
+        )
+        parser.add_argument(
+            "--splits",
+            type=arg_types.positive_int,
+            default=None,
+            help="first K splits (default: all, 20 or 5)",
+        )
+        parser.add_argument(
+            "--epochs", type=arg_types.positive_int, default=1000, help="epochs on the five small sets (1000)"
+        )
+        parser.add_argument(
+            "--epochs-large",
+            type=arg_types.positive_int,
+            default=None,
+            help="epochs on kin8nm, naval, power and protein (default: --epochs)",
+        )
+        parser.add_argument(
+            "--train-samples",
+            type=arg_types.positive_int,
+            default=10,
+            help="training particles (MC samples) per step (NNG: 10)",
+        )
+        parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
+        parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
+        parser.add_argument(
+            "--merge-from",
+            type=arg_types.names(),
+            default=[],
+            help="comma-separated results folders whose fits of --datasets and --methods are copied first",
+        )
+        parser.add_argument(
+            "--report-only", action="store_true", help="run no fits: report the ones in --out (after merging)"
+        )
+
+    def _protocol(self, args: argparse.Namespace) -> Protocol:
+        large = args.epochs_large if args.epochs_large is not None else args.epochs
+        return Protocol(epochs=args.epochs, epochs_large=large, train_samples=args.train_samples)
+
+    def config(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"protocol": asdict(self._protocol(args)), "seed": args.seed}
+
+    def prepare(self, args: argparse.Namespace, run: Run) -> None:
+        self.n_splits = {d: uci_info(d, args.data_dir).n_splits for d in args.datasets}  # fails early
+        for path in args.merge_from:
+            self._merge(path, args, run)
+        run.save()
+
+    def _merge(self, path: str, args: argparse.Namespace, run: Run) -> None:
+        from ..core.results import ResultsFolder
+
+        other = ResultsFolder(path, writable=False).load("results.json", required=("runs",))
+        if not other:
+            raise ValueError(f"{path} holds no results.json to merge")
+        for key, value in other["runs"].items():
+            dataset, method = key.split("/")[:2]
+            if dataset in args.datasets and method in args.methods:
+                run.results["runs"].setdefault(key, value)
+        run.results.setdefault("merged_from", {})[path] = {
+            "config": other.get("config"),
+            "wall_seconds": other.get("wall_seconds"),
+        }
+
+    def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
+        if args.report_only:
+            return []
+        jobs = []
+        for dataset in args.datasets:
+            for split in range(min(args.splits or self.n_splits[dataset], self.n_splits[dataset])):
+                for name in args.methods:
+                    spec = {
+                        "dataset": dataset,
+                        "split": split,
+                        "method": name,
+                        "protocol": asdict(self._protocol(args)),
+                        "seed": args.seed,
+                        "data_dir": args.data_dir,
+                    }
+                    jobs.append(Job(_key(dataset, name, split), spec))
+        return jobs
+
+    def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        split = load_uci(spec["dataset"], spec["split"], spec["data_dir"])
+        protocol = Protocol(**spec["protocol"])
+        settings = {
+            "epochs": protocol.epochs_for(spec["dataset"]),
+            "batch_size": protocol.batch_size(spec["dataset"]),
+            "train_samples": protocol.train_samples,
+        }
+        try:
+            result = fit(
+                METHODS[spec["method"]], spec["dataset"], split, protocol, spec["seed"] + spec["split"]
+            )
+        except FloatingPointError as err:  # ngvi.NonFiniteGradientError: this fit diverged; the others go on
+            result = {"diverged": str(err)}
+        return {**result, "settings": settings}
+
+    def report(self, args: argparse.Namespace, run: Run) -> None:
+        from .report import plot, table
+
+        command = " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == [self.name] else ""
+        text = table(run.results, args.datasets, args.methods, command)
+        (run.out / "table.md").write_text(text)
+        plot(run.results, args.datasets, args.methods, run.out / "rmse.png")
+        print(text)
+        print(f"wrote {run.out / 'table.md'}, {run.out / 'rmse.png'} and {run.out / 'results.json'}")
+
+
+EXPERIMENT = UCINNG()

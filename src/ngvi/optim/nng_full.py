@@ -1,0 +1,210 @@
+r"""NNG-full: the noisy natural gradient with a full-covariance Gaussian posterior (Zhang et al. 2018, §3.1).
+
+In minimisation form, with λ = ``kl_weight``, η = ``prior_var``, γ_in = λ/(Nη) and γ = γ_in + γ_ex
+(``damping``), over all D parameters w at once (NNG eqs. 9–10, with the Graves/Fisher approximation of
+eq. 8):
+
+.. math::
+    w &\sim \mathcal N\big(\mu,\ \tfrac{\lambda}{N}(\bar F + \gamma_{in} I)^{-1}\big) \\
+    \bar F &\leftarrow (1-\beta)\bar F + \beta\,\hat F,\qquad
+        \hat F = \tfrac1M\textstyle\sum_i g_i g_i^\top && (9) \\
+    \mu &\leftarrow \mu - \alpha\,(\bar F + \gamma I)^{-1}(\hat g + \gamma_{in}\mu) && (10)
+
+so the posterior precision is Λ = (N/λ)F̄ + I/η. The per-example gradients gᵢ come from the layer hooks
+(:mod:`ngvi.curvature.full_fisher`): of the closure's own loss (``curvature="ef"``) or of targets sampled
+from the model (``"fisher"``, NNG's choice). The factors' warm start, the schedules (``inv_every``) and the
+momentum are those of :class:`~ngvi.NoisyKFAC`; the two damped matrices come from Cholesky factorisations
+(:func:`ngvi.curvature.damped_inverses`): B with BBᵀ = (F̄ + γ_in I)⁻¹ for sampling, w = μ + √(λ/N)Bε, and
+(F̄ + γI)⁻¹ for the step. Memory and time grow as D² and D³: for models of a few thousand parameters
+(``max_params``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .. import _validation as check
+from .._tensorlist import TensorList
+from ..curvature.full_fisher import PerExampleOuterProducts
+from ..curvature.kfac import damped_inverses
+from ..curvature.likelihoods import Likelihood
+from ..posterior_full import FullGaussian, flatten, unflatten
+from ._prior import AUTO
+from .base import VariationalOptimizer
+
+__all__ = ["NNGFull"]
+
+
+class NNGFull(VariationalOptimizer):
+    """Noisy natural gradient with a dense D×D posterior covariance (NNG-full), for small networks.
+
+    Args:
+        model: the network (its trainable parameters in nn.Linear, nn.Conv2d, nn.LayerNorm or nn.GroupNorm
+            layers, as for VOGN and NoisyKFAC).
+        data_size: N.  lr: α.  beta: β, the EMA step of F̄.  momentum: heavy-ball on the natural step.
+        prior_var: η (or ``prior_prec`` = 1/η).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
+        inv_every: recompute the two damped inverses every this many steps.  mc_samples: per step.
+        curvature: "ef" or "fisher" (with ``likelihood``, ``noise_prec``); loss_reduction as for VOGN.
+        init_prec: where q starts: ``"auto"`` (default): F̄₀ = I, one unit of curvature per example (as
+            noisy K-FAC's A₀ = S₀ = I, and NNG's code, whose factors start at the identity); a number c:
+            F̄₀ = (λ/N)(c − 1/η)·I, q₀ with precision c; both then follow the plain EMA. ``None``: F̄₀ = 0
+            and the running mean for the first 1/β updates (K-FAC's warm start), so q starts at the prior.
+        max_params: refuse models with more parameters than this (D² numbers per matrix).
+        **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
+    """
+
+    takes_model = True
+    curvatures = ("ef", "fisher")
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_size: int,
+        lr: float = 1e-3,
+        beta: float = 0.01,
+        momentum: float = 0.0,
+        prior_var: float | None = None,
+        kl_weight: float = 1.0,
+        damping: float = 1e-3,
+        inv_every: int = 1,
+        mc_samples: int = 1,
+        curvature: str = "ef",
+        *,
+        likelihood: str | Likelihood | None = None,
+        prior_prec: float | None = None,
+        noise_prec: float = 1.0,
+        loss_reduction: str = "mean",
+        init_prec: float | str | None = AUTO,
+        max_params: int = 4096,
+        **engine_kwargs: Any,
+    ):
+        check.positive_int("max_params", max_params)
+        estimator = PerExampleOuterProducts(
+            model, curvature, likelihood=likelihood, noise_prec=noise_prec, loss_reduction=loss_reduction
+        )
+        size = sum(p.numel() for p in estimator.parameters)
+        if size > max_params:
+            raise ValueError(
+                f"NNGFull keeps dense {size}×{size} matrices (the Fisher, its inverse and a root of the "
+                f"covariance), and this model has {size:,} trainable parameters, more than max_params="
+                f"{max_params}: use ngvi.NoisyKFAC (a Kronecker-factored posterior) or ngvi.NoisyAdam "
+                "(a diagonal one), or pass a larger max_params if the memory and the O(D³) inversions fit"
+            )
+        self.num_weights = size
+        defaults = dict(
+            data_size=data_size,
+            lr=lr,
+            beta=beta,
+            momentum=momentum,
+            prior_var=check.prior_var(prior_var, prior_prec),
+            kl_weight=kl_weight,
+            damping=damping,
+            inv_every=inv_every,
+            init_prec=init_prec,
+        )
+        super().__init__(
+            estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
+        )
+
+    def _check_group(self, group):
+        check.data_size(group["data_size"])
+        check.nonnegative("lr", group["lr"])
+        check.unit_interval("beta", group["beta"], closed_low=False, closed_high=True)
+        check.unit_interval("momentum", group["momentum"])
+        check.positive("prior_var", group["prior_var"])
+        check.positive("kl_weight", group["kl_weight"])
+        check.nonnegative("damping", group["damping"])
+        check.positive_int("inv_every", group["inv_every"])
+        check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
+
+    @staticmethod
+    def intrinsic_damping(group: dict[str, Any]) -> float:
+        """γ_in = λ/(Nη)."""
+        return group["kl_weight"] / (group["data_size"] * group["prior_var"])
+
+    def _carrier(self, group: dict[str, Any]) -> Tensor:
+        return self.trainable(group)[0]  # the dense state lives with the first parameter
+
+    def _init_state(self, group, p, state):
+        if p is not self._carrier(group):
+            return
+        state["fisher"] = p.new_zeros(self.num_weights, self.num_weights)
+        init = group["init_prec"]
+        if init == AUTO:
+            state["fisher"].diagonal().fill_(1.0)
+        elif init is not None:  # Λ₀ = (N/λ)F̄₀ + 1/η = init_prec
+            state["fisher"].diagonal().fill_(
+                group["kl_weight"] / group["data_size"] * (init - 1.0 / group["prior_var"])
+            )
+        state["fisher_updates"] = 0
+        state.update(self._inverses(group, state["fisher"]))
+
+    def _optional_state_shapes(self, p: Tensor) -> dict[str, tuple[int, ...]]:
+        return {"momentum_buffer": (self.num_weights,)}
+
+    def _inverses(self, group: dict[str, Any], fisher: Tensor) -> dict[str, Tensor]:
+        """B with BBᵀ = (F̄ + γ_in I)⁻¹ and (F̄ + γ I)⁻¹."""
+        gamma_in = self.intrinsic_damping(group)
+        c_in = fisher.new_full((1,), gamma_in)
+        c = fisher.new_full((1,), gamma_in + group["damping"])
+        root, inverse = damped_inverses(fisher[None], c_in, c)
+        return {"root": root[0], "inverse": inverse[0]}
+
+    def _check_all(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        if len(params) != len(self.trainable(group)):
+            raise RuntimeError(
+                "NNGFull's Fisher covers all trainable parameters jointly, but some of them got no gradient "
+                "in this step (unused in the forward pass?); freeze them (requires_grad_(False)) first"
+            )
+
+    def _perturb(self, group, params, noise, states):
+        """w ← μ + √(λ/N) B ε, all parameters at once."""
+        self._check_all(group, list(params))
+        st = states[0]
+        draw = (st["root"] @ flatten(list(noise))).mul_(math.sqrt(group["kl_weight"] / group["data_size"]))
+        for p, part in zip(params, unflatten(draw, [p.shape for p in params]), strict=True):
+            p.add_(part)
+
+    def _precision(self, group, states):
+        """Marginal precisions 1/Σⱼⱼ (the sampling uses the dense covariance)."""
+        st = states[0]
+        var = st["root"].square().sum(-1) * (group["kl_weight"] / group["data_size"])
+        return TensorList(unflatten(var.reciprocal(), [p.shape for p in self.trainable(group)]))
+
+    def _update(self, group, means, grads, curvs, states):
+        params = self.accumulator.params(group)
+        self._check_all(group, params)
+        st = states[0]
+        new: dict[str, Any] = {}
+        fisher = st["fisher"]
+        if curvs is not None:
+            count = st["fisher_updates"] + 1
+            weight = group["beta"] if group["init_prec"] is not None else max(group["beta"], 1.0 / count)
+            fisher = fisher.lerp(curvs[0].view_as(fisher), weight)  # (9)
+            new.update(fisher=fisher, fisher_updates=count)
+        if self.num_steps % group["inv_every"] == 0:
+            new.update(self._inverses(group, fisher))
+        inverse = new.get("inverse", st["inverse"])
+        v = flatten(list(grads)).add_(flatten(list(means)), alpha=self.intrinsic_damping(group))
+        step = inverse @ v  # (10): (F̄ + γI)⁻¹ (ĝ + γ_in μ)
+        if group["momentum"]:
+            buffer = st.get("momentum_buffer")
+            step = step if buffer is None else buffer.mul(group["momentum"]).add_(step)
+            new["momentum_buffer"] = step
+        st.update(new)
+        for mean, part in zip(means, unflatten(step, [m.shape for m in means]), strict=True):
+            mean.add_(part, alpha=-group["lr"])
+
+    @torch.no_grad()
+    def posterior(self) -> FullGaussian:
+        """A snapshot of q = N(μ, (λ/N)(F̄ + γ_in I)⁻¹) over all parameters, in parameter order."""
+        group = self.param_groups[0]
+        params = self.trainable(group)
+        st = self.state_of(group, params[0])
+        root = st["root"].double()
+        cov = (root @ root.mT).mul_(group["kl_weight"] / group["data_size"])
+        return FullGaussian([self.mean_of(p) for p in params], cov)

@@ -37,6 +37,12 @@ class ResultsFolder:
         except OSError as err:
             raise ValueError(f"--out {self.path} is not writable ({err.strerror or err}); {fix}") from None
 
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 

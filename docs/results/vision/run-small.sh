@@ -7,4 +7,4 @@ export NGVI_DATA="${NGVI_DATA:-../shared/data}" OMP_NUM_THREADS=1
 step() { local start; start=$(date +%s); "$@"; echo "[wall] $(( $(date +%s) - start )) s: $*"; }
 small=(--train-size 10000 --epochs 2 --test-samples 16 --ood-size 5000 --shift-size 1000 --jobs 1)
 step .venv/bin/ngvi classify "${small[@]}" --out docs/results/vision/mnist-cnn-10k
-step .venv/bin/ngvi classify "${small[@]}" --batch-norm --methods map,vogn,noisy_kfac --out docs/results/vision/mnist-cnn-bn-10k
+step .venv/bin/ngvi classify "${small[@]}" --batch-norm --methods map,vogn,noisy_kfac,kfac --out docs/results/vision/mnist-cnn-bn-10k

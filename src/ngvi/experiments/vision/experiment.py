@@ -53,7 +53,10 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "kl_weight": 0.1, "curvature": "fisher", "likelihood": "categorical",
         "init_prec": None,  # as recorded: the start at the prior and its warm start (issue 15 changed it)
     },
-    "kfac": {"lr": 1e-3, "momentum": 0.9, "damping": 1e-3},
+    "kfac": {  # noisy K-FAC's settings without the noise; its prior as weight decay
+        "lr": 1e-3, "beta": 0.01, "momentum": 0.9, "damping": 1e-3, "inv_every": 20, "prior_prec": 100.0,
+        "curvature": "fisher", "likelihood": "categorical",
+    },
     "ivon": {"lr": 0.1, "hess_init": 0.1},
     "bbvi": {"lr": 1e-2, "init_prec": 1e4},
     "mc_dropout": {"lr": 1e-3},

@@ -72,9 +72,13 @@ ACTIVE_BUDGET = Budget(chains=2, warmup=40, samples=60)
 
 
 def trainer_options(name: str, data_size: int) -> dict[str, Any]:
-    """The UCI protocol's keywords for ``name`` at this data size (NNG-BlkTri takes noisy K-FAC's)."""
-    source = UCI_METHODS["noisy_kfac" if name == "nng_blktri" else name]
-    return source.trainer_options(Setting(data_size, PRIOR_PREC, NOISE_PREC, TRAIN_SAMPLES))
+    """The UCI protocol's keywords for ``name`` at this data size (NNG-BlkTri takes noisy K-FAC's, less the
+    choice of sampling: it always draws the weights)."""
+    if name != "nng_blktri":
+        return UCI_METHODS[name].trainer_options(Setting(data_size, PRIOR_PREC, NOISE_PREC, TRAIN_SAMPLES))
+    options = trainer_options("noisy_kfac", data_size)
+    options.pop("sampling")
+    return options
 
 
 def load(dataset: str, data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -60,12 +60,7 @@ class UCINNG(Experiment):
             default=list(DATASETS),
             help="comma-separated UCI sets (aliases: boston, naval, power, wine, protein); default: all nine",
         )
-        parser.add_argument(
-            "--methods",
-            type=arg_types.names(METHODS),
-            default=list(METHODS),
-            help=f"comma-separated: {', '.join(METHODS)} (default: all)",
-        )
+        arg_types.add_subset(parser, "--methods", METHODS)
         parser.add_argument(
             "--splits",
             type=arg_types.positive_int,

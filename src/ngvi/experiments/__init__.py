@@ -11,7 +11,13 @@ import importlib
 from typing import Any
 
 #: command -> module under ngvi.experiments holding ``EXPERIMENT`` (or, for ``list``, ``COMMAND``)
-COMMANDS: dict[str, str] = {"demo": "demo", "uci": "uci", "bench": "bench", "list": "listing"}
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "uci": "uci",
+    "bench": "bench",
+    "bandits": "bandits",
+    "list": "listing",
+}
 
 
 def command(name: str) -> Any:

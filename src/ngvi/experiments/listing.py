@@ -13,6 +13,8 @@ OTHER_DATA = {
     "mnist": "MNIST digits (data.load_mnist)",
     "usps": "USPS digits, 3-vs-5 task (data.load_usps_3vs5)",
     "mushroom, statlog shuttle, adult": "contextual bandits (data.load_bandit)",
+    "wheel": "the wheel bandit of Riquelme et al. 2018, generated (data.wheel_bandit)",
+    "covertype, census, jester, financial": "bandits read from a folder of your own (data.load_user_bandit)",
 }
 
 

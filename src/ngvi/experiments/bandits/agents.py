@@ -37,7 +37,7 @@ NOISY_ADAM_LR = 1e-3
 #: h barely moving from h₀ its Newton-like steps diverge at lr 0.1 on mushroom. β₂ = 0.999 (chosen on a pilot
 #: seed from h₀ ∈ {1, 10}, lr ∈ {0.1, 0.01}, β₂ ∈ {0.99999, 0.999}).
 IVON_BETAS = (0.9, 0.999)
-#: MC dropout's rate: Riquelme et al.'s dropout network keeps 80% of the units.
+#: MC dropout's rate: Riquelme et al.'s dropout network keeps 80% of the hidden units (inputs not dropped).
 DROPOUT = 0.2
 #: BADAM clips BAdam's gradient norm at 5 (App. D.3), as Riquelme et al. do for their greedy network; the
 #: variational rules are not clipped: their gradient statistics are their posterior (Vadam's s = ĝ²).

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ngvi.baselines import mc_dropout_mlp
+
 from ..core import models
 from ..data.bandits import BanditDataset
 from .agents import AGENTS, Agent, Setting, init_uniform_, set_data_size
@@ -99,7 +101,12 @@ def build_agent(spec_name: str, data: BanditDataset, protocol: Protocol, seed: i
     if method is None:
         return Agent(spec, None, None, data.num_actions, rng)
     torch.manual_seed(seed)
-    model = models.mlp(data.context_dim, list(protocol.hidden), data.num_actions, dropout=spec.dropout)
+    if spec.dropout:  # Riquelme et al.'s dropout network: after every hidden layer, not on the inputs
+        model = mc_dropout_mlp(
+            data.context_dim, data.num_actions, list(protocol.hidden), p=spec.dropout, input_dropout=False
+        )
+    else:
+        model = models.mlp(data.context_dim, list(protocol.hidden), data.num_actions)
     init_uniform_(model, protocol.init_scale)
     setting = Setting(protocol.n_seen(protocol.train_every), protocol.prior_prec, protocol.noise_prec)
     options = {

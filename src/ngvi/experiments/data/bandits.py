@@ -32,6 +32,7 @@ one-hot columns use the categories of the full data set rather than of the sampl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +79,19 @@ class BanditDataset:
     @property
     def context_dim(self) -> int:
         return self.contexts.shape[1]
+
+    def head(self, n: int) -> BanditDataset:
+        """The first ``n`` rounds (contexts keep their standardisation over the whole set)."""
+        if not 0 < n <= len(self):
+            raise ValueError(f"n must be in [1, {len(self)}], got {n}")
+        return dataclasses.replace(
+            self,
+            contexts=self.contexts[:n],
+            rewards=self.rewards[:n],
+            opt_rewards=self.opt_rewards[:n],
+            opt_actions=self.opt_actions[:n],
+            labels=self.labels[:n],
+        )
 
     def to_torch(
         self, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import ngvi
+from conftest import data_dir
 from ngvi.experiments.bandits import protocol as bp
-from ngvi.experiments.bandits.experiment import QUICK
+from ngvi.experiments.bandits.experiment import QUICK, load_problem
 from ngvi.experiments.cli import main
-from ngvi.experiments.data import wheel_bandit
+from ngvi.experiments.data import load_mushroom_bandit, wheel_bandit
 
 TINY = bp.Protocol(train_steps=2, batch_size=8, hidden=(8, 8))
 
@@ -68,6 +69,20 @@ def test_a_block_of_rounds_is_decided_as_one_round_after_another(agent):
         int(ngvi.predict(b.model, b.trainer, x[j : j + 1], samples=1)[0, 0].argmax()) for j in range(12)
     ]
     assert block.tolist() == one_by_one
+
+
+def test_every_mushroom_context_is_seen_once():
+    """A run over fewer contexts than mushroom's rows takes the first rows of the run's permutation (the
+    loader alone would draw with replacement, as Riquelme et al.'s sampler)."""
+    spec = {"dataset": "mushroom", "contexts": 3000, "seed": 4, "data_dir": data_dir(), "user_dir": None}
+    data = load_problem(spec)
+    full = load_mushroom_bandit(seed=4, data_dir=data_dir())
+    np.testing.assert_array_equal(data.contexts, full.contexts[:3000])
+    np.testing.assert_array_equal(data.rewards, full.rewards[:3000])
+    np.testing.assert_array_equal(data.opt_rewards, full.opt_rewards[:3000])
+    np.testing.assert_array_equal(data.mean_rewards, full.mean_rewards[:3000])
+    with pytest.raises(ValueError, match="n must be"):
+        full.head(0)
 
 
 def test_thompson_draws_vary_greedy_does_not():

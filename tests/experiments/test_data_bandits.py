@@ -8,6 +8,7 @@ import torch
 
 import ngvi.experiments.data as nd
 from conftest import data_dir
+from ngvi.experiments.bandits.protocol import normalised_reward
 
 DATA = data_dir()
 SHUTTLE_COUNTS = [34108, 37, 132, 6748, 2458, 6, 11]  # classes 1-7 of shuttle.trn, from MANIFEST.md
@@ -163,6 +164,7 @@ def test_wheel_optimal_reward(delta):
     means = np.tile([1.0, 1.0, 1.0, 1.0, 1.2], (n, 1))
     means[outside, quadrant[outside]] = 50.0
     assert np.abs(ds.rewards - means).max() < 6 * 0.01
+    np.testing.assert_array_equal(ds.mean_rewards, means)  # the expected rewards, for the pseudo-regret
     # the share outside and the mean optimal reward, within 4 standard errors of the hand-computed values
     p = 1 - delta**2
     assert abs(outside.mean() - p) < 4 * np.sqrt(p * (1 - p) / n)
@@ -185,8 +187,6 @@ def test_wheel_is_seeded_and_checks_arguments():
 
 def _uniform_score(ds: nd.BanditDataset) -> float:
     """The expected normalised reward of the uniform policy on ds: the mean over the K constant policies."""
-    from ngvi.experiments.bandits.protocol import normalised_reward
-
     n, k = ds.rewards.shape
     return np.mean([normalised_reward(ds.rewards, np.full(n, a), ds.opt_rewards) for a in range(k)])
 
@@ -203,6 +203,12 @@ def test_uniform_policy_scores_match_hand_computed_and_badam():
     tolerance = 4 * 0.5 * (1 - p_e) * 20 / np.sqrt(3916) / (5 * p_e)
     assert _uniform_score(nd.load_mushroom_bandit(data_dir=DATA)) == pytest.approx(expected, abs=tolerance)
     assert abs(expected - (-0.93)) < 0.09
+    # with the expected rewards (E[eat] = 5 or −15, E[no eat] = 0) the uniform score is exactly that value
+    full = nd.load_mushroom_bandit(data_dir=DATA)
+    exact = np.mean(
+        [normalised_reward(full.mean_rewards, np.full(8124, a), full.opt_rewards) for a in (0, 1)]
+    )
+    assert exact == pytest.approx(expected, abs=1e-12)
     # the wheel: inside, uniform earns (4·1 + 1.2)/5 = 1.04; outside (50 + 3·1 + 1.2)/5 = 10.84
     for delta in (0.5, 0.9):
         p = 1 - delta**2

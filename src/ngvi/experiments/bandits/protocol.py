@@ -209,6 +209,8 @@ def run_bandit(data: BanditDataset, agent_name: str, protocol: Protocol, seed: i
     at = curve_rounds(n_rounds)
     return {
         "normalised_reward": normalised_reward(data.rewards, actions, data.opt_rewards),
+        # the same with each pulled arm's expected reward (pseudo-regret): without the reward noise
+        "expected_normalised_reward": normalised_reward(data.expected_rewards, actions, data.opt_rewards),
         "cumulative_reward": float(data.rewards[np.arange(n_rounds), actions].sum()),
         "optimal_reward": float(data.opt_rewards.sum()),
         "optimal_action_rate": float((actions == data.opt_actions).mean()),

@@ -68,6 +68,13 @@ class BanditDataset:
     opt_actions: np.ndarray
     labels: np.ndarray
     action_names: tuple[str, ...]
+    #: the expected reward of every action [n, k] where it is known (None: the rewards are deterministic)
+    mean_rewards: np.ndarray | None = None
+
+    @property
+    def expected_rewards(self) -> np.ndarray:
+        """``mean_rewards``, or ``rewards`` where the rewards are deterministic."""
+        return self.rewards if self.mean_rewards is None else self.mean_rewards
 
     def __len__(self) -> int:
         return self.contexts.shape[0]
@@ -91,6 +98,7 @@ class BanditDataset:
             opt_rewards=self.opt_rewards[:n],
             opt_actions=self.opt_actions[:n],
             labels=self.labels[:n],
+            mean_rewards=None if self.mean_rewards is None else self.mean_rewards[:n],
         )
 
     def to_torch(
@@ -214,6 +222,7 @@ def load_mushroom_bandit(
         opt_actions=opt_actions,
         labels=edible.astype(np.int64),
         action_names=("no eat", "eat"),
+        mean_rewards=np.stack([np.full(len(idx), float(r_noeat)), exp_eat], axis=1),
     )
 
 
@@ -379,6 +388,7 @@ def wheel_bandit(
         opt_actions=opt_actions,
         labels=outside.astype(np.int64),
         action_names=("quadrant ++", "quadrant +-", "quadrant -+", "quadrant --", "centre"),
+        mean_rewards=means,
     )
 
 

@@ -147,6 +147,7 @@ def _financial(path: Path, num_contexts: int | None, rng: np.random.Generator) -
         opt_actions=opt_actions,
         labels=opt_actions.copy(),
         action_names=tuple(f"portfolio {a}" for a in range(8)),
+        mean_rewards=means,
     )
 
 

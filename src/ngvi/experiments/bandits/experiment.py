@@ -24,7 +24,7 @@ DEFAULT_DELTAS = (0.5, 0.7, 0.9, 0.95, 0.99)
 #: contexts of a wheel problem when --contexts does not say (the other sets default to all their rows)
 WHEEL_CONTEXTS = 2000
 #: the reduced run of --quick (and of the CI test): mushroom, Vadam against greedy and uniform
-QUICK = {"datasets": ["mushroom"], "agents": ["vadam", "greedy", "uniform"], "contexts": 600, "runs": 5}
+QUICK = {"datasets": ["mushroom"], "agents": ["vadam", "greedy", "uniform"], "contexts": 300, "runs": 12}
 
 
 def parse_contexts(text: str) -> dict[str, int]:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ngvi import VariationalOptimizer
 from ngvi.baselines import mc_dropout_mlp
 
 from ..core import models
@@ -114,6 +115,12 @@ def build_agent(spec_name: str, data: BanditDataset, protocol: Protocol, seed: i
         "prior_prec": protocol.prior_prec,
         **spec.options(setting),
     }
+    trainer_class = method.trainer_class()
+    if isinstance(trainer_class, type) and issubclass(trainer_class, VariationalOptimizer):
+        # a step whose gradient or curvature is not finite is skipped and counted (reported per run), so
+        # one agent's instability is a number in the table, not the end of the run; steps that are finite
+        # are unchanged by this flag
+        options["skip_nonfinite"] = True
     return Agent(spec, model, method.build(model, setting.data_size, **options), data.num_actions, rng)
 
 
@@ -218,6 +225,7 @@ def run_bandit(data: BanditDataset, agent_name: str, protocol: Protocol, seed: i
         "curve_rounds": at.tolist(),
         "curve_regret": regret[at - 1].tolist(),
         "sessions": played.sessions,
+        "skipped_steps": int(getattr(played.agent.trainer, "skipped_steps", 0)),
         "act_seconds": played.act_seconds,
         "train_seconds": played.train_seconds,
     }

@@ -125,6 +125,27 @@ def timing_table(done: dict[str, dict[str, list[dict]]], agents: list[str]) -> s
     return markdown_table(header, rows)
 
 
+def skipped_table(done: dict[str, dict[str, list[dict]]], agents: list[str], protocol: Protocol) -> str:
+    """Where a trainer met a non-finite gradient or curvature: the runs affected and the share of their
+    training steps skipped (``skip_nonfinite``); empty if none did."""
+    rows = []
+    for a in agents:
+        cells, any_skipped = [], False
+        for p in done:
+            rs = done[p][a]
+            # a run without the count is from before it: it met none (a non-finite step then raised)
+            hit = [r for r in rs if r.get("skipped_steps", 0) > 0]
+            any_skipped |= bool(hit)
+            if not hit:
+                cells.append("—")
+                continue
+            share = np.mean([r["skipped_steps"] / (r["sessions"] * protocol.train_steps) for r in hit])
+            cells.append(f"{len(hit)}/{len(rs)} runs, {100 * share:.0f}% of their steps")
+        if any_skipped:
+            rows.append([AGENTS[a].label, *cells])
+    return markdown_table(["agent", *done], rows) if rows else ""
+
+
 def plot_regret(done: dict[str, dict[str, list[dict]]], agents: list[str], path: Path) -> None:
     problems = [p for p in done if any(done[p].values())]
     if not problems:
@@ -175,6 +196,15 @@ def write_report(experiment: Any, args: argparse.Namespace, run: Run) -> None:
         parts += [
             BOLD_NOTE,
             " Regret relative to uniform: 100 × agent's / uniform's mean cumulative regret.\n\n",
+        ]
+    table = skipped_table(done, args.agents, protocol)
+    if table:
+        parts += [
+            "## Training steps skipped as non-finite\n\n",
+            "A step whose gradient or curvature is not finite is skipped (the trainer's `skip_nonfinite`) "
+            "and the agent goes on acting on its posterior; these runs' scores are in the tables above.\n\n",
+            table,
+            "\n",
         ]
     parts += ["## Wall time per run (one thread)\n\n", timing_table(done, args.agents)]
     (run.out / "table.md").write_text("".join(parts))

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench vision-data clean
 
 $(BIN)/ngvi: pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test: setup lint
 
 bench: setup
 	$(BIN)/ngvi bench
+
+# Fashion-MNIST, the out-of-distribution set of `ngvi classify`, from Debian's package (needs root/apt)
+vision-data:
+	@test -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz || \
+		(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -26,10 +26,12 @@ from ngvi.experiments import cli
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-# import names of the experiments extra (they equal the distribution names for these four)
-EXTRA = sorted(
+EXTRA_DISTRIBUTIONS = sorted(
     canonicalize_name(Requirement(r).name) for r in PYPROJECT["optional-dependencies"]["experiments"]
 )
+# import names of the experiments extra: the distribution names, except these
+IMPORT_NAMES = {"pyro-ppl": "pyro", "stable-baselines3": "stable_baselines3"}
+EXTRA = sorted(IMPORT_NAMES.get(name, name) for name in EXTRA_DISTRIBUTIONS)
 EXTRA_LINE = 'error: this command needs the experiments extra: pip install "ngvi[experiments]" (missing: '
 
 
@@ -70,7 +72,7 @@ def bare_python(tmp_path_factory) -> Path:
     """A venv's python that sees only ngvi's dependencies (torch, numpy, theirs) and this checkout's src."""
     root = tmp_path_factory.mktemp("bare")
     dists = _installed_closure(PYPROJECT["dependencies"])
-    leaked = sorted(set(dists) & set(EXTRA))
+    leaked = sorted(set(dists) & set(EXTRA_DISTRIBUTIONS))
     assert not leaked, f"ngvi's dependencies pull in the experiments extra: {leaked}"
     links = root / "links"
     links.mkdir()

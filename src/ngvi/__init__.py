@@ -14,16 +14,19 @@ Bayesian deep learning as easy as training with Adam::
     posterior = opt.posterior()                               # DiagonalGaussian
 """
 
-from . import baselines, curvature, metrics
+from . import baselines, curvature, metrics, pruning
+from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
     VOGN,
     VON,
     BAdam,
+    Diagnostics,
     NoisyAdam,
     NoisyKFAC,
     NonFiniteGradientError,
     PosteriorOptimizer,
+    PosteriorWarning,
     VadaGrad,
     Vadam,
     VariationalOptimizer,
@@ -31,6 +34,7 @@ from .optim import (
 )
 from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
 from .predict import predict
+from .pruning import apply_masks, prune_masks, pruned
 
 __version__ = "0.1.0"
 
@@ -39,6 +43,7 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "Diagnostics",
     "DiagonalGaussian",
     "GaussianPosterior",
     "KroneckerGaussian",
@@ -46,12 +51,18 @@ __all__ = [
     "NoisyKFAC",
     "NonFiniteGradientError",
     "PosteriorOptimizer",
+    "PosteriorWarning",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",
     "Vprop",
+    "apply_masks",
     "baselines",
     "curvature",
+    "evaluate_classifier",
     "metrics",
     "predict",
+    "prune_masks",
+    "pruned",
+    "pruning",
 ]

@@ -77,9 +77,12 @@ def prior_group(group: dict[str, Any]) -> None:
 
 
 def init_prec(value: Any, prior_prec: float) -> None:
-    """init_prec sets σ at t=0 through s₀ = (init_prec − λ)/N, so it must not fall below the prior's."""
-    if value is None:
+    """init_prec sets σ at t=0 through s₀ = (init_prec − λ)/N, so it must not fall below the prior's;
+    ``"auto"`` (s₀ = 1) and ``None`` (the prior, s₀ = 0) are the two named starts."""
+    if value is None or value == "auto":
         return
+    if isinstance(value, str):
+        raise ValueError(f"init_prec must be a number, 'auto' or None, got {value!r}")
     v = positive("init_prec", value)
     if v < prior_prec:
         raise ValueError(

@@ -76,7 +76,10 @@ def brier(probs: Tensor, y: Tensor) -> float:
 
 
 def reliability(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, Tensor]:
-    """Per-bin mean confidence, accuracy and count of the top-class confidence (equal-width bins)."""
+    """Per-bin mean confidence, accuracy and count of the top-class confidence (Guo et al. 2017, §2).
+
+    Bins are equal-width: bin b holds confidences in [b/B, (b+1)/B), and a confidence of exactly 1 goes to the
+    last bin. Empty bins have count 0 (and confidence = accuracy = 0)."""
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
     conf, pred = probs.double().max(-1)
@@ -93,3 +96,47 @@ def ece(probs: Tensor, y: Tensor, n_bins: int = 15) -> float:
     """Expected calibration error (Guo et al. 2017): Σ_b (n_b/N)·|acc_b − conf_b|."""
     r = reliability(probs, y, n_bins)
     return float((r["count"] / r["count"].sum() * (r["accuracy"] - r["confidence"]).abs()).sum())
+
+
+def predictive_entropy(probs: Tensor) -> Tensor:
+    r"""H[p] = −Σ_c p_c log p_c per point (nats; 0·log 0 = 0): the score of out-of-distribution detection."""
+    p = probs.double()
+    return -(p * torch.where(p > 0, p.log(), 0.0)).sum(-1)
+
+
+def auroc(scores: Tensor, labels: Tensor) -> float:
+    r"""Area under the ROC curve of ``scores`` for the binary ``labels`` (1 = positive).
+
+    The Mann-Whitney form: the probability that a random positive scores higher than a random negative, ties
+    counting one half,
+
+    .. math::
+        \mathrm{AUROC} = \frac{\sum_{i\,\in\,\mathrm{pos}} r_i - n_+(n_+ + 1)/2}{n_+\, n_-},
+
+    with r the ranks of all scores (tied scores get their average rank). It equals the trapezoidal area
+    under the ROC curve."""
+    scores, labels = scores.reshape(-1).double(), labels.reshape(-1)
+    if scores.shape != labels.shape:
+        raise ValueError(f"scores have {scores.numel()} values but labels have {labels.numel()}")
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("scores must be finite")
+    positive = labels.bool()
+    if not bool(((labels == 0) | (labels == 1)).all()):
+        raise ValueError("labels must be 0 or 1")
+    n_pos = int(positive.sum())
+    n_neg = positive.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"AUROC needs both classes, got {n_pos} positive and {n_neg} negative labels")
+    _, inverse, counts = torch.unique(scores, sorted=True, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    average_rank = ends - (counts.double() - 1.0) / 2.0  # ranks 1..n; ties share their mean rank
+    rank_sum = average_rank[inverse][positive].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def entropy_auroc(probs_in: Tensor, probs_out: Tensor) -> float:
+    """AUROC of out-of-distribution detection by predictive entropy: in-distribution points (``probs_in``,
+    [N, C]) are the negatives, out-of-distribution ones (``probs_out``) the positives."""
+    h_in, h_out = predictive_entropy(probs_in), predictive_entropy(probs_out)
+    labels = torch.cat([torch.zeros(h_in.numel()), torch.ones(h_out.numel())])
+    return auroc(torch.cat([h_in, h_out]), labels)

@@ -4,6 +4,11 @@
 has one matrix-variate Gaussian per layer, vec(W) ~ N(vec(M), U ⊗ V) (noisy K-FAC). Every optimizer's
 ``posterior()`` returns a snapshot (cloned tensors) in parameter order, so it stays valid while training
 goes on. Scalar results (``log_prob``, ``kl``, ``entropy``) are reduced in float64.
+
+**Point estimates.** Parameters listed in ``point`` (the batch-norm parameters under VOGN and noisy K-FAC,
+see :mod:`ngvi.curvature.layers`) are held at their mean: variance 0, every sample equals the mean, and
+``log_prob``, ``entropy`` and ``kl`` are those of the random parameters alone (the density of q conditional
+on the point estimates, which enter as hyperparameters).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import pruning
+
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -23,6 +30,8 @@ class GaussianPosterior:
 
     mean: list[Tensor]
     variance: list[Tensor]
+    #: indices of point-estimate parameters (variance 0, samples = the mean)
+    point: tuple[int, ...] = ()
 
     @property
     def std(self) -> list[Tensor]:
@@ -31,6 +40,11 @@ class GaussianPosterior:
     def snr(self) -> list[Tensor]:
         """Signal-to-noise ratio |μ|/σ per weight (BADAM's pruning criterion)."""
         return [m.abs() / s for m, s in zip(self.mean, self.std, strict=True)]
+
+    def prune_masks(self, fraction: float, criterion: str = "snr", scope: str = "global") -> list[Tensor]:
+        """Keep-masks that prune the ``fraction`` of weights with the lowest |μ|/σ (``criterion="snr"``)
+        or |μ| (``"magnitude"``), over all weights or ``scope="per_tensor"``: see :mod:`ngvi.pruning`."""
+        return pruning.prune_masks(pruning.prune_scores(self, criterion), fraction, scope)
 
     def numel(self) -> int:
         return sum(m.numel() for m in self.mean)
@@ -56,21 +70,30 @@ class DiagonalGaussian(GaussianPosterior):
 
     Args:
         mean: tensors shaped like the parameters.
-        variance: positive tensors of the same shapes (marginal variances σ²).
+        variance: positive tensors of the same shapes (marginal variances σ²); zeros at ``point``.
+        point: indices of point-estimate parameters (see the module docstring).
     """
 
-    def __init__(self, mean: Sequence[Tensor], variance: Sequence[Tensor]):
+    def __init__(self, mean: Sequence[Tensor], variance: Sequence[Tensor], point: Sequence[int] = ()):
         if len(mean) != len(variance):
             raise ValueError(f"got {len(mean)} mean tensors but {len(variance)} variance tensors")
+        self.point = _point_indices(point, len(mean))
         for i, (m, v) in enumerate(zip(mean, variance, strict=True)):
             if m.shape != v.shape:
                 raise ValueError(
                     f"mean[{i}] has shape {tuple(m.shape)} but variance[{i}] has {tuple(v.shape)}"
                 )
-            if not bool(torch.isfinite(v).all()) or not bool((v > 0).all()):
+            if i in self.point:
+                if bool((v != 0).any()):
+                    raise ValueError(f"variance[{i}] of a point estimate must be 0")
+            elif not bool(torch.isfinite(v).all()) or not bool((v > 0).all()):
                 raise ValueError(f"variance[{i}] must be positive and finite")
         self.mean = [m.detach().clone() for m in mean]
         self.variance = [v.detach().clone() for v in variance]
+
+    def _random(self, *lists: Sequence[Tensor]) -> list[tuple[Tensor, ...]]:
+        """Zipped entries of the random (non-point) parameters."""
+        return [t for i, t in enumerate(zip(*lists, strict=True)) if i not in self.point]
 
     @property
     def precision(self) -> list[Tensor]:
@@ -91,7 +114,7 @@ class DiagonalGaussian(GaussianPosterior):
         """log q(θ) summed over all weights: a scalar, or a vector of n values for a batch of n samples."""
         n = self._leading_dim(sample)
         total = torch.zeros(() if n is None else (n,), dtype=torch.float64, device=self.mean[0].device)
-        for x, m, v in zip(sample, self.mean, self.variance, strict=True):
+        for x, m, v in self._random(sample, self.mean, self.variance):
             x, m, v = x.double(), m.double(), v.double()
             terms = -0.5 * ((x - m) ** 2 / v + v.log() + _LOG_2PI)
             total = total + (terms.sum() if n is None else terms.reshape(n, -1).sum(1))
@@ -99,7 +122,7 @@ class DiagonalGaussian(GaussianPosterior):
 
     def entropy(self) -> Tensor:
         """H[q] = ½ Σⱼ (1 + log 2π + log σⱼ²)."""
-        return sum((0.5 * (1.0 + _LOG_2PI + v.double().log())).sum() for v in self.variance)
+        return sum((0.5 * (1.0 + _LOG_2PI + v.double().log())).sum() for (v,) in self._random(self.variance))
 
     def kl(self, other: GaussianPosterior) -> Tensor:
         r"""KL(self ‖ other) = ½ Σⱼ [σ₁²/σ₂² + (μ₂−μ₁)²/σ₂² − 1 + log σ₂² − log σ₁²]."""
@@ -107,8 +130,10 @@ class DiagonalGaussian(GaussianPosterior):
             raise TypeError(f"KL between DiagonalGaussian and {type(other).__name__} is not implemented")
         if [m.shape for m in self.mean] != [m.shape for m in other.mean]:
             raise ValueError("the two posteriors cover parameters of different shapes")
+        if set(other.point) - set(self.point):
+            raise ValueError("KL(q ‖ p) is infinite where p is a point mass and q is not")
         total = torch.zeros((), dtype=torch.float64, device=self.mean[0].device)
-        for m1, v1, m2, v2 in zip(self.mean, self.variance, other.mean, other.variance, strict=True):
+        for m1, v1, m2, v2 in self._random(self.mean, self.variance, other.mean, other.variance):
             m1, v1, m2, v2 = m1.double(), v1.double(), m2.double(), v2.double()
             total = total + 0.5 * (v1 / v2 + (m2 - m1) ** 2 / v2 - 1.0 + v2.log() - v1.log()).sum()
         return total
@@ -124,6 +149,13 @@ class DiagonalGaussian(GaussianPosterior):
 
     def __repr__(self) -> str:
         return f"DiagonalGaussian({len(self.mean)} tensors, {self.numel()} weights)"
+
+
+def _point_indices(point: Sequence[int], count: int) -> tuple[int, ...]:
+    out = tuple(sorted({int(i) for i in point}))
+    if any(i < 0 or i >= count for i in out):
+        raise ValueError(f"point indices must lie in [0, {count}), got {list(point)}")
+    return out
 
 
 def join_block(tensors: Sequence[Tensor], groups: int, rows: int, lead: tuple[int, ...] = ()) -> Tensor:
@@ -172,15 +204,18 @@ class KroneckerGaussian(GaussianPosterior):
 
     Args:
         mean: tensors shaped like the parameters.
-        blocks: :class:`KroneckerBlock` s that together cover every parameter index exactly once.
+        blocks: :class:`KroneckerBlock` s that, with ``point``, cover every parameter index exactly once.
+        point: indices of point-estimate parameters (see the module docstring).
     """
 
-    def __init__(self, mean: Sequence[Tensor], blocks: Sequence[KroneckerBlock]):
+    def __init__(self, mean: Sequence[Tensor], blocks: Sequence[KroneckerBlock], point: Sequence[int] = ()):
         self.mean = [m.detach().clone() for m in mean]
-        covered = sorted(i for b in blocks for i in b.params)
+        self.point = _point_indices(point, len(self.mean))
+        covered = sorted([*(i for b in blocks for i in b.params), *self.point])
         if covered != list(range(len(self.mean))):
             raise ValueError(
-                f"the blocks must cover each of the {len(self.mean)} parameters exactly once, got {covered}"
+                f"the blocks and point estimates must cover each of the {len(self.mean)} parameters exactly "
+                f"once, got {covered}"
             )
         self.blocks: list[KroneckerBlock] = []
         self._chol: list[tuple[Tensor, Tensor]] = []
@@ -203,7 +238,9 @@ class KroneckerGaussian(GaussianPosterior):
                 chol.append(lower)
             self.blocks.append(KroneckerBlock(tuple(b.params), row, col))
             self._chol.append((chol[0], chol[1]))
-        self.variance = [torch.empty(0)] * len(self.mean)
+        self.variance = [
+            torch.zeros_like(m) if i in self.point else torch.empty(0) for i, m in enumerate(self.mean)
+        ]
         for b in self.blocks:
             diag = (
                 b.row_cov.diagonal(dim1=-2, dim2=-1)[:, :, None]
@@ -241,7 +278,9 @@ class KroneckerGaussian(GaussianPosterior):
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n must be a positive int or None, got {n!r}")
         lead = () if n is None else (n,)
-        out: list[Tensor] = [torch.empty(0)] * len(self.mean)
+        out: list[Tensor] = [
+            self.mean[i].expand(*lead, *self.mean[i].shape).clone() for i in range(len(self.mean))
+        ]
         for k, b in enumerate(self.blocks):
             lu, lv = self._chol[k]
             m = self._join(b, [self.mean[i] for i in b.params], ())

@@ -141,6 +141,26 @@ class Normalised(nn.Module):
         return self.out(torch.sin(h))
 
 
+class BatchNormed(nn.Module):
+    """Conv → BatchNorm2d → tanh → Linear in eval mode (running statistics, set to non-trivial values): the
+    examples are independent, so the single-example loops are exact."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(3)
+        self.out = nn.Linear(3 * 4 * 4, 2)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.5, 0.5)
+        self.eval()
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.bn(self.conv(x))).flatten(1))
+
+
 CASES = {
     "linear": (lambda: nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)), (6, 5)),
     "linear-nobias": (lambda: nn.Sequential(nn.Linear(5, 4, bias=False), nn.ReLU(), nn.Linear(4, 3)), (6, 5)),
@@ -161,6 +181,7 @@ CASES = {
     "sequence": (Sequence, (5, 3, 3)),
     "inplace": (InplaceRelu, (6, 3)),
     "norms": (Normalised, (5, 2, 3, 3)),
+    "batchnorm-eval": (BatchNormed, (5, 2, 4, 4)),
 }
 
 
@@ -189,13 +210,13 @@ def brute_mean_sq_grads(model, x, nll_single) -> dict:
     return {n: v / x.shape[0] for n, v in acc.items()}
 
 
-NORMS = (nn.LayerNorm, nn.GroupNorm)
+NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm2d)
 
 
 def per_element(module: nn.Module, t: torch.Tensor) -> torch.Tensor:
     """[1, ...] laid out as [K, T, 1], one group per element of a normalisation layer's weight."""
     k = module.weight.numel()
-    if isinstance(module, nn.GroupNorm):
+    if isinstance(module, nn.GroupNorm | nn.BatchNorm2d):
         return t.reshape(k, -1, 1)
     return t.reshape(-1, k).T.unsqueeze(-1)
 
@@ -393,3 +414,29 @@ def test_sampled_targets_follow_the_predictive(likelihood):
         expected = torch.diag(p) - torch.outer(p, p)
     assert grads.mean(0).abs().max() < 5 * expected.diagonal().sqrt().max() / 200  # 5 standard errors
     assert (fisher - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def test_batchnorm_in_training_mode_gets_the_exact_per_example_squares_of_its_own_parameters():
+    """With batch statistics, f_i depends on the batch-norm scale and shift only through example i's own
+    output: ∇fᵢ = Σₜ δᵢₜ x̂ᵢₜ exactly. Brute force: the whole batch forward, example i's loss backward."""
+    torch.manual_seed(0)
+    model = BatchNormed().train()
+    x = torch.randn(6, 2, 4, 4)
+    y = torch.randn(6, 2)
+    bn = [model.bn.weight, model.bn.bias]
+    ref = [torch.zeros_like(p) for p in bn]
+    for i in range(x.shape[0]):
+        grads = torch.autograd.grad(regression_nll(model(x), y)[i], bn)
+        for r, g in zip(ref, grads, strict=True):
+            r += g.square() / x.shape[0]
+
+    def backward(_):
+        model.zero_grad()
+        regression_nll(model(x), y).mean().backward()
+
+    with pytest.warns(UserWarning, match="BatchNorm layers in training mode"):
+        sq, _ = hooked(model, x, backward)
+    for p, r in zip(bn, ref, strict=True):
+        assert rel_err(sq[p], r) < TOL
+    hooks = CurvatureHooks(model)
+    assert hooks.point_params == set(bn)  # batch-norm parameters are point estimates

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from ngvi.experiments import demo
 from ngvi.experiments.cli import main
@@ -19,22 +20,39 @@ def test_demo_quick_writes_png_table_and_resumes(tmp_path):
     png = (out / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     table = (out / "table.md").read_text()
-    assert "| Vadam |" in table and "| BAdam (linearised) |" in table
+    assert "| Vadam |" in table and "| BAdam (linearised) |" in table and "| NUTS (HMC reference) |" in table
+    assert "| 95% coverage | r with NUTS variance |" in table
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert set(runs) == {"vadam", "badam"}
-    for r in runs.values():
-        assert 0 < r["train_range_rmse"] < r["test_rmse"] < 5  # the fit is better where the data is
-        assert len(r["pred_mean"]) == len(r["pred_std"]) == len(toy_regression().x_test)
-    # a rerun with one more method trains only that one
+    assert set(runs) == {"nuts", "vadam", "badam"}
+    n_test = len(toy_regression().x_test)
+    for name, r in runs.items():
+        assert len(r["pred_mean"]) == len(r["pred_std"]) == n_test
+        assert 0 <= r["coverage95"] <= 1
+        if name != "nuts":  # the quick NUTS run is a few draws: only its plumbing is checked here
+            assert 0 < r["train_range_rmse"] < r["test_rmse"] < 5  # the fit is better where the data is
+    # coverage is the fraction of targets inside mean ± 1.96·sqrt(std² + 1/τ)
+    data, r = toy_regression(), runs["vadam"]
+    half = demo.Z95 * np.sqrt(np.square(r["pred_std"]) + 1 / demo.NOISE_PREC)
+    inside = np.abs(data.y_test[:, 0].numpy() - np.array(r["pred_mean"])) <= half
+    assert r["coverage95"] == pytest.approx(inside.mean())
+    # a rerun with one more method trains only that one (NUTS comes from the cache)
     assert main([*args, "--methods", "vadam,badam,vprop"]) == 0
     again = json.loads((out / "results.json").read_text())["runs"]
-    assert again["vadam"] == runs["vadam"] and "vprop" in again
+    assert again["vadam"] == runs["vadam"] and again["nuts"] == runs["nuts"] and "vprop" in again
+
+
+def test_the_correlation_with_nuts_is_pearson_of_variances():
+    std = np.linspace(0.1, 1.0, 50)
+    nuts = {"pred_std": std.tolist()}
+    assert demo._nuts_correlation({"pred_std": (2 * std).tolist()}, nuts) == "1.00"
+    assert demo._nuts_correlation({"pred_std": [0.3] * 50}, nuts) == "–"  # no variation: no correlation
+    assert demo._nuts_correlation({"pred_std": std.tolist()}, None) == "–"
 
 
 def test_every_method_runs(tmp_path):
-    assert main(["demo", "--steps", "5", "--out", str(tmp_path), "--jobs", "2"]) == 0
+    assert main(["demo", "--steps", "5", "--nuts", "no", "--out", str(tmp_path), "--jobs", "2"]) == 0
     rows = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + len(demo.OPTIONS)  # the header and one row per optimizer
+    assert len(rows) == 1 + len(demo.OPTIONS)  # the header and one row per optimizer (no NUTS asked)
 
 
 def test_the_y_range_holds_every_band_whole():

@@ -79,6 +79,7 @@ def test_param_groups_have_their_own_lr_and_prior():
         ],
         data_size=10,
         lr=0.05,
+        init_prec=None,  # q₀ = the prior of each group
     )
     frozen = params_of(model[0])
     var_before = opt.posterior().variance

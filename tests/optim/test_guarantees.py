@@ -149,6 +149,33 @@ def test_skip_nonfinite_skips_and_counts(info):
     assert_same(params_of(model), params_of(twin_model))
 
 
+@pytest.mark.parametrize("info", trainers())
+def test_diagnostics_report_the_state(info):
+    """Every trainer has diagnostics(): steps, skipped steps and data size as counted, and for a Gaussian
+    posterior the fraction of moved precisions in [0, 1] (all moved after two steps of the small problems,
+    all at the start), σ quantiles equal to those of posterior().variance, and the SNR's ordered."""
+    model = info.model()
+    opt = info.build(model, **({"skip_nonfinite": True} if info.engine else {}))
+    if info.posterior is not None:
+        assert opt.diagnostics().precision_moved == 0.0
+    info.train(model, opt, 2)
+    if info.engine:
+        opt.step(info.closure(opt, model, *poisoned(info, float("nan"))))
+    d = opt.diagnostics()
+    assert (d.steps, d.skipped_steps) == (2, int(info.engine))
+    groups = len(opt.param_groups)  # (VadaGrad has no data size; MC dropout a group per dropout rate)
+    assert d.data_size == ([] if info.cls is ngvi.VadaGrad else [64] * groups)
+    assert str(d).startswith(type(opt).__name__)
+    if info.posterior is None:
+        assert d.precision_moved is d.sigma_quantiles is None
+        return
+    assert d.precision_moved == 1.0 and d.at_float_limit == 0.0
+    sigma = torch.cat([v.flatten() for v in opt.posterior().variance]).double().sqrt()
+    expected = torch.quantile(sigma, torch.tensor(list(d.sigma_quantiles), dtype=torch.float64))
+    assert list(d.sigma_quantiles.values()) == pytest.approx(expected.tolist(), rel=1e-5)
+    assert list(d.snr_quantiles.values()) == sorted(d.snr_quantiles.values())
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Failures inside a sample or a closure
 # ------------------------------------------------------------------------------------------------------------
@@ -176,7 +203,10 @@ def test_exception_inside_sampled_params_restores_the_weights_exactly(info, trai
     assert_same(params_of(model), mean)
     if train and info.engine:  # the raised block's draw is spent (a failed step(), below, rolls it back)
         twin_state = twin.state_dict()
-        twin_state["ngvi"].update({k: opt.state_dict()["ngvi"][k] for k in ("rng", "num_draws")})
+        spent = opt.state_dict()["ngvi"]  # (antithetic noise: the pair the spent draw opened or closed)
+        twin_state["ngvi"].update({k: spent[k] for k in ("rng", "num_draws")})
+        twin_state["ngvi"].pop("pair_start", None)
+        twin_state["ngvi"].update({k: spent[k] for k in ("pair_start",) if k in spent})
         twin.load_state_dict(twin_state)
     assert_same(saved(opt.state_dict()), saved(twin.state_dict()))
     assert_no_hooks(model)

@@ -103,10 +103,22 @@ def test_pi_split_keeps_the_product_invariant_under_rescaling():
 def test_initial_posterior_is_the_prior():
     """Zero factors: Σ = (λ/N)[√γ_in I ⊗ √γ_in I]⁻¹ = (λ/N)/γ_in = η, whatever the KL weight λ."""
     model = conv_net()
-    opt = ngvi.NoisyKFAC(model, 100, prior_var=0.3, kl_weight=0.5)
+    opt = ngvi.NoisyKFAC(model, 100, prior_var=0.3, kl_weight=0.5, init_prec=None)
     post = opt.posterior()
     for v in post.variance:
         torch.testing.assert_close(v, torch.full_like(v, 0.3))
+
+
+def test_auto_start_is_unit_factors():
+    """init_prec="auto": A₀ = S₀ = I, so π = 1 and every weight has the marginal variance
+    (λ/N)/[(1 + √γ_in)(1 + √γ_in)] (eq. 13's damping split on unit factors): σ₀ ≈ √(λ/N)."""
+    model = conv_net()
+    n, kl, prior_var = 100, 0.5, 0.3
+    opt = ngvi.NoisyKFAC(model, n, prior_var=prior_var, kl_weight=kl)
+    gamma_in = kl / (n * prior_var)
+    expected = kl / n / (1 + math.sqrt(gamma_in)) ** 2
+    for v in opt.posterior().variance:
+        torch.testing.assert_close(v, torch.full_like(v, expected))
 
 
 def test_one_step_follows_alg_2():
@@ -116,7 +128,9 @@ def test_one_step_follows_alg_2():
     model = nn.Linear(4, 3).double()
     x, y = torch.randn(16, 4, dtype=torch.float64), torch.randn(16, 3, dtype=torch.float64)
     n, lr, prior_var, kl, damping = 40, 0.3, 2.0, 0.7, 0.05
-    opt = ngvi.NoisyKFAC(model, n, lr=lr, prior_var=prior_var, kl_weight=kl, damping=damping, seed=0)
+    opt = ngvi.NoisyKFAC(
+        model, n, lr=lr, prior_var=prior_var, kl_weight=kl, damping=damping, init_prec=None, seed=0
+    )
     mu = torch.cat([model.weight.detach(), model.bias.detach()[:, None]], 1)
     with opt.sampled_params(train=True):
         twin = copy.deepcopy(model)  # factors at the sample, from hooks already checked by brute force
@@ -186,10 +200,11 @@ def test_stats_and_inverse_schedules():
 
 
 def test_factor_average_warm_start():
-    """The EMA weight is max(β, 1/k): the first 1/β updates give the running mean of the batch factors."""
+    """From the prior (init_prec=None) the EMA weight is max(β, 1/k): the first 1/β updates give the running
+    mean of the batch factors."""
     torch.manual_seed(0)
     model = nn.Linear(3, 2).double()
-    opt = ngvi.NoisyKFAC(model, 50, lr=0.0, beta=0.25, seed=0)
+    opt = ngvi.NoisyKFAC(model, 50, lr=0.0, beta=0.25, init_prec=None, seed=0)
     hats = []
     for step in range(6):
         x = torch.randn(10, 3, dtype=torch.float64) * (1 + step)
@@ -202,6 +217,22 @@ def test_factor_average_warm_start():
     for k, hat in enumerate(hats[1:], start=2):
         expected = expected + max(0.25, 1 / k) * (hat - expected)
     torch.testing.assert_close(opt.state[model.weight]["factor_A"], expected)  # lr=0: the weights never move
+
+
+def test_factor_average_from_unit_factors():
+    """From the default start (A₀ = I) eq. 12 runs with the constant weight β: no warm start forgets A₀."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2).double()
+    opt = ngvi.NoisyKFAC(model, 50, lr=0.0, beta=0.25, seed=0)
+    expected = torch.eye(4, dtype=torch.float64)[None]
+    for step in range(3):
+        x = torch.randn(10, 3, dtype=torch.float64) * (1 + step)
+        hooks = CurvatureHooks(model)
+        with hooks.recording():
+            F.mse_loss(model(x), torch.zeros(10, 2, dtype=torch.float64)).backward()
+            expected = expected + 0.25 * (hooks.kfac_factors()[0][0] - expected)
+        opt.step(lambda x=x: ef_closure(opt, model, x, torch.zeros(10, 2, dtype=torch.float64))())
+    torch.testing.assert_close(opt.state[model.weight]["factor_A"], expected)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -140,19 +140,40 @@ def test_vprop_core_is_eq_14():
         assert_close([mu_c[i], s_c[i]], [mu_new, s_new])
 
 
-def test_von_core_is_eqs_7_8_with_riemannian_correction():
+def test_vprop_core_debiased_step():
+    """step_moment="debiased": s is the EMA v from 0 and the step divides by √(v/(1−(1−β)ᵗ)) + λ̃."""
+    lr, step, lt = 0.05, 0.1, 0.03
+    mu, g, v = rand(0), rand(1), rand(3, positive=True)
+    g2 = [gi * gi for gi in g]
+    mu_c, v_c = clones(mu), clones(v)
+    bias = [1 - (1 - step) ** t for t in T]
+    F.vprop_update_(mu_c, g, g2, v_c, lr=lr, beta=step, prior_tilde=lt, bias=bias)
+    for i in range(len(SHAPES)):
+        v_new = (1 - step) * v[i] + step * g2[i]
+        mu_new = mu[i] - lr * (g[i] + lt * mu[i]) / (torch.sqrt(v_new / bias[i]) + lt)
+        assert_close([mu_c[i], v_c[i]], [mu_new, v_new])
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_von_core_is_eqs_7_8_with_riemannian_correction(momentum):
     lr, beta, lt = 0.05, 0.2, 0.03
-    mu, g, h_hat, s = rand(0), rand(1), rand(2), rand(3, positive=True)
+    mu, g, h_hat, s, prev = rand(0), rand(1), rand(2), rand(3, positive=True), rand(4)
     h_hat[0][0, 0] = -50.0  # a very negative Price estimate: s + λ̃ must stay positive
-    mu_c, s_c = clones(mu), clones(s)
-    F.von_update_(mu_c, g, h_hat, s_c, lr=lr, beta=beta, prior_tilde=lt)
+    buf = [m - p for m, p in zip(mu, prev, strict=True)]  # μ_t − μ_{t−1}
+    mu_c, s_c, buf_c = clones(mu), clones(s), clones(buf)
+    F.von_update_(
+        mu_c, g, h_hat, s_c, buf_c if momentum else None, lr=lr, beta=beta, prior_tilde=lt, momentum=momentum
+    )
     for i in range(len(SHAPES)):
         s_new = (
             (1 - beta) * s[i] + beta * h_hat[i] + 0.5 * beta**2 * (h_hat[i] - s[i]) ** 2 / (s[i] + lt)
         )  # (8)
         mu_new = mu[i] - lr * (g[i] + lt * mu[i]) / (s_new + lt)  # (7)
+        mu_new = mu_new + momentum * (s[i] + lt) / (s_new + lt) * buf[i]  # natural momentum (18)
         assert_close([mu_c[i], s_c[i]], [mu_new, s_new])
         assert bool((s_c[i] + lt > 0).all())
+        if momentum:
+            assert_close([buf_c[i]], [mu_new - mu[i]])  # the buffer now holds μ_{t+1} − μ_t
 
 
 @pytest.mark.parametrize("clip", [None, 0.3])
@@ -351,7 +372,9 @@ def test_kfac_cores_are_nng_eq_12_and_algorithm_2(momentum):
 def test_vadam_matches_fig1_eqs_88_93(mc):
     lr, b1, b2, lam, init = 0.05, 0.9, 0.99, 2.0, 30.0
     lib, opt = run_library(
-        lambda ps, S: ngvi.Vadam(ps, N, lr=lr, betas=(b1, b2), prior_prec=lam, init_prec=init, mc_samples=S),
+        lambda ps, S: ngvi.Vadam(
+            ps, N, lr=lr, betas=(b1, b2), prior_prec=lam, init_prec=init, mc_samples=S, step_moment="paper"
+        ),
         mc,
     )
     X, Y, mu = problem()
@@ -378,10 +401,50 @@ def test_vadam_matches_fig1_eqs_88_93(mc):
     assert_close([st["exp_avg_sq"] for st in opt.state.values()], s)
 
 
+@pytest.mark.parametrize("init", [30.0, "auto"])
+def test_vadam_debiased_step(init):
+    """The default step_moment="debiased": the sample uses the paper's s = γ₂ᵗs₀ + v (eq. 88), the step Adam's
+    bias-corrected v = Σ(1−γ₂)γ₂^{t−k}ĝₖ² (the EMA from 0) in place of eq. 92's s/(1−γ₂ᵗ)."""
+    lr, b1, b2, lam = 0.05, 0.9, 0.99, 2.0
+    lib, opt = run_library(
+        lambda ps, S: ngvi.Vadam(ps, N, lr=lr, betas=(b1, b2), prior_prec=lam, init_prec=init)
+    )
+    X, Y, mu = problem()
+    rng = Replay(opt.seed)
+    s0 = 1.0 if init == "auto" else (init - lam) / N
+    u = [torch.zeros_like(t) for t in mu]
+    v = [torch.zeros_like(t) for t in mu]
+    for t in range(1, STEPS + 1):
+        s = [b2 ** (t - 1) * s0 + vi for vi in v]  # the paper's s, started at s₀
+        theta = [m + e / torch.sqrt(N * si + lam) for m, e, si in zip(mu, rng.normal(mu), s, strict=True)]
+        _, g = grad_at(theta, X, Y)
+        u = [b1 * ui + (1 - b1) * (gi + lam / N * m) for ui, gi, m in zip(u, g, mu, strict=True)]
+        v = [b2 * vi + (1 - b2) * gi * gi for vi, gi in zip(v, g, strict=True)]
+        mu = [
+            m - lr * (ui / (1 - b1**t)) / (torch.sqrt(vi / (1 - b2**t)) + lam / N)
+            for m, ui, vi in zip(mu, u, v, strict=True)
+        ]
+    assert_close(lib, mu)
+    precision = [N * (vi + b2**STEPS * s0) + lam for vi in v]
+    assert_close([1 / var for var in opt.posterior().variance], precision)
+
+
+def test_vadam_debiased_is_fig1_from_the_prior():
+    """With s₀ = 0 (init_prec=None) the two step moments are the same rule, bit for bit."""
+    runs = [
+        run_library(lambda ps, S, m=m: ngvi.Vadam(ps, N, lr=0.05, init_prec=None, step_moment=m, seed=4))
+        for m in ("paper", "debiased")
+    ]
+    for a, b in zip(runs[0][0], runs[1][0], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_vprop_matches_eq_14():
     lr, step_beta, lam, init = 0.05, 0.1, 2.0, 30.0  # beta is the paper's step β_t
     lib, opt = run_library(
-        lambda ps, S: ngvi.Vprop(ps, N, lr=lr, beta=step_beta, prior_prec=lam, init_prec=init)
+        lambda ps, S: ngvi.Vprop(
+            ps, N, lr=lr, beta=step_beta, prior_prec=lam, init_prec=init, step_moment="paper", noise="normal"
+        )
     )
     X, Y, mu = problem()
     rng = Replay(opt.seed)
@@ -394,6 +457,29 @@ def test_vprop_matches_eq_14():
         mu = [
             m - lr * (gi + lam / N * m) / (torch.sqrt(si) + lam / N)
             for m, gi, si in zip(mu, g, s, strict=True)
+        ]
+    assert_close(lib, mu)
+
+
+def test_vprop_defaults_debiased_step_and_antithetic_noise():
+    """Vprop's defaults: the step divides by the bias-corrected v (the EMA of ĝ² from 0), the sample uses the
+    paper's s = (1−β)ᵗs₀ + v with s₀ = 1 (init_prec="auto"), and consecutive samples use ε, −ε."""
+    lr, step_beta, lam = 0.05, 0.1, 2.0
+    lib, opt = run_library(lambda ps, S: ngvi.Vprop(ps, N, lr=lr, beta=step_beta, prior_prec=lam))
+    X, Y, mu = problem()
+    rng = Replay(opt.seed)
+    v = [torch.zeros_like(t) for t in mu]
+    eps: list[torch.Tensor] = []
+    for t in range(1, STEPS + 1):
+        eps = rng.normal(mu) if t % 2 else [-e for e in eps]  # antithetic pairs (ε, −ε)
+        s = [(1 - step_beta) ** (t - 1) + vi for vi in v]
+        theta = [m + e / torch.sqrt(N * si + lam) for m, e, si in zip(mu, eps, s, strict=True)]
+        _, g = grad_at(theta, X, Y)
+        v = [(1 - step_beta) * vi + step_beta * gi * gi for vi, gi in zip(v, g, strict=True)]
+        bias = 1 - (1 - step_beta) ** t
+        mu = [
+            m - lr * (gi + lam / N * m) / (torch.sqrt(vi / bias) + lam / N)
+            for m, gi, vi in zip(mu, g, v, strict=True)
         ]
     assert_close(lib, mu)
 
@@ -413,17 +499,22 @@ def test_vadagrad_matches_eq_96():
     assert_close(lib, mu)
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
 @pytest.mark.parametrize("hessian", ["price", "hutchinson"])
-def test_von_matches_eqs_7_8_with_riemannian_correction(hessian):
+def test_von_matches_eqs_7_8_with_riemannian_correction(hessian, momentum):
+    """Eqs. 7–8 (``momentum=0``) and the default natural momentum of eq. 18."""
     lr, beta, lam, init = 0.05, 0.2, 2.0, 30.0
     lib, opt = run_library(
-        lambda ps, S: ngvi.VON(ps, N, lr=lr, beta=beta, prior_prec=lam, init_prec=init, hessian=hessian),
+        lambda ps, S: ngvi.VON(
+            ps, N, lr=lr, beta=beta, prior_prec=lam, init_prec=init, hessian=hessian, momentum=momentum
+        ),
         create_graph=hessian == "hutchinson",
     )
     X, Y, mu = problem()
     rng = Replay(opt.seed)
     lam_t = lam / N
     s = [torch.full_like(t, (init - lam) / N) for t in mu]
+    delta = [torch.zeros_like(t) for t in mu]  # μ_t − μ_{t−1}
     for _ in range(STEPS):
         eps = rng.normal(mu)
         sigma = [1 / torch.sqrt(N * (si + lam_t)) for si in s]
@@ -436,11 +527,16 @@ def test_von_matches_eqs_7_8_with_riemannian_correction(hessian):
             hz = torch.autograd.grad(g, leaves, grad_outputs=z)
             h = [zi * hzi for zi, hzi in zip(z, hz, strict=True)]
         g = [gi.detach() for gi in g]
+        s_old = s
         s = [
             (1 - beta) * si + beta * hi + 0.5 * beta**2 * (hi - si) ** 2 / (si + lam_t)
             for si, hi in zip(s, h, strict=True)
         ]
-        mu = [m - lr * (gi + lam_t * m) / (si + lam_t) for m, gi, si in zip(mu, g, s, strict=True)]
+        delta = [
+            -lr * (gi + lam_t * m) / (si + lam_t) + momentum * (so + lam_t) / (si + lam_t) * d
+            for m, gi, si, so, d in zip(mu, g, s, s_old, delta, strict=True)
+        ]  # (7) with the natural momentum of (18)
+        mu = [m + d for m, d in zip(mu, delta, strict=True)]
     assert_close(lib, mu)
     assert_close([st["hess"] for st in opt.state.values()], s)
 
@@ -479,17 +575,21 @@ def test_ivon_matches_design_rule(mc):
     assert_close(lib, m)
 
 
-def test_noisy_adam_matches_nng_algorithm_1():
+@pytest.mark.parametrize("init", [None, "auto"])
+def test_noisy_adam_matches_nng_algorithm_1(init):
+    """Alg. 1 from f = 0 (``init_prec=None``) and from the default f₀ = 1."""
     lr, b1, b2, eta, kl, ext = 0.05, 0.9, 0.99, 0.5, 0.8, 1e-2
     lib, opt = run_library(
-        lambda ps, S: ngvi.NoisyAdam(ps, N, lr=lr, betas=(b1, b2), prior_var=eta, kl_weight=kl, damping=ext)
+        lambda ps, S: ngvi.NoisyAdam(
+            ps, N, lr=lr, betas=(b1, b2), prior_var=eta, kl_weight=kl, damping=ext, init_prec=init
+        )
     )
     X, Y, mu = problem()
     rng = Replay(opt.seed)
     gamma_in = kl / (N * eta)
     gamma = gamma_in + ext
     m = [torch.zeros_like(t) for t in mu]
-    f = [torch.zeros_like(t) for t in mu]
+    f = [torch.full_like(t, 0.0 if init is None else 1.0) for t in mu]
     for k in range(1, STEPS + 1):
         # w ~ N(μ, (λ/N) diag(f + γ_in)⁻¹)
         w = [

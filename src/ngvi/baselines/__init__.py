@@ -3,6 +3,8 @@
 * :class:`BBVI` — Bayes by Backprop (mean-field Gaussian, reparameterisation + local reparameterisation).
 * :class:`MCDropout` and :func:`mc_dropout_mlp` — MC dropout (Gal & Ghahramani 2016).
 * :class:`MAP` — Adam on the MAP objective f(θ) + (λ/2N)‖θ‖².
+* :func:`nuts_posterior` — the exact posterior of a small torch model sampled by pyro-ppl's NUTS, with R-hat
+  and effective sample sizes (:mod:`ngvi.baselines.nuts`; pyro is imported only when it is called).
 * :mod:`ngvi.baselines.exact` — exact posteriors of Bayesian linear regression and the exact mean-field
   Gaussian of Bayesian logistic regression.
 
@@ -22,11 +24,13 @@ from .exact import (
 )
 from .map import MAP
 from .mc_dropout import MCDropout, mc_dropout_mlp, mc_dropout_weight_decay
+from .nuts import NUTSPosterior, nuts_posterior
 
 __all__ = [
     "BBVI",
     "MAP",
     "MCDropout",
+    "NUTSPosterior",
     "exact",
     "linear_regression_elbo",
     "linear_regression_mean_field",
@@ -35,4 +39,5 @@ __all__ = [
     "logistic_regression_mean_field",
     "mc_dropout_mlp",
     "mc_dropout_weight_decay",
+    "nuts_posterior",
 ]

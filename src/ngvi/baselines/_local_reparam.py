@@ -83,9 +83,10 @@ class LocalReparameterisation:
     ) -> Tensor:
         """x μᵀ + b_μ (the layer's own output at the mean) + √(x²σ_W²ᵀ + σ_b²) ⊙ ε."""
         x = args[0] if args else kwargs["input"]
-        var = F.linear(x.square(), (2.0 * log_std_w).exp()) if log_std_w is not None else 0.0
+        # (σ² in the layer's dtype: a float32 state of a bfloat16 layer, fp32_state, is cast for the product)
+        var = F.linear(x.square(), (2.0 * log_std_w).exp().to(x.dtype)) if log_std_w is not None else 0.0
         if log_std_b is not None:
-            var = var + (2.0 * log_std_b).exp()
+            var = var + (2.0 * log_std_b).exp().to(output.dtype)
         var = torch.as_tensor(var, dtype=output.dtype, device=output.device)
         generator = self.owner.noise_source.generator(output.device)
         noise = torch.randn(output.shape, generator=generator, dtype=output.dtype, device=output.device)

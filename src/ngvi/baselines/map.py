@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .. import _validation as check
+from ..optim.diagnostics import Diagnostics
 
 __all__ = ["MAP"]
 
@@ -43,6 +44,9 @@ class MAP(torch.optim.Adam):
     ``step(closure)`` is Adam's (the closure zeroes the gradients, returns the mean NLL and calls
     ``backward()``).
     """
+
+    #: every posterior sample is the same network (ngvi.evaluate_classifier then makes one pass)
+    deterministic = True
 
     def __init__(
         self,
@@ -104,6 +108,16 @@ class MAP(torch.optim.Adam):
     def sampled_params(self, train: bool = False) -> Iterator[None]:
         """The point estimate: the weights are left as they are (``train`` is accepted for the ngvi API)."""
         yield
+
+    def diagnostics(self) -> Diagnostics:
+        """Steps and data size; a point estimate has no variance to report (those fields are None)."""
+        steps = [int(st["step"]) for st in self.state.values() if "step" in st]
+        return Diagnostics(
+            optimizer=type(self).__name__,
+            steps=max(steps, default=0),
+            skipped_steps=0,
+            data_size=[int(g["data_size"]) for g in self.param_groups],
+        )
 
     def posterior(self):
         raise NotImplementedError(

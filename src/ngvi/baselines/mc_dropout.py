@@ -71,6 +71,10 @@ class MCDropout(MAP):
         ValueError: for a bad argument, or a model without dropout modules.
     """
 
+    #: its samples are dropout masks: predict(vectorize=True) repeats the input instead of drawing weights
+    dropout_masks = True
+    deterministic = False
+
     def __init__(
         self,
         model: nn.Module,

@@ -60,6 +60,11 @@ class HookedLayer:
     def params(self) -> list[Tensor]:
         return [p for p in (self.weight, self.bias) if p is not None]
 
+    @property
+    def point_estimate(self) -> bool:
+        """Its parameters are point estimates (batch norm): no posterior noise."""
+        return self.kind.point_estimate
+
 
 @dataclass(eq=False)
 class _Record(statistics.Call):
@@ -162,6 +167,9 @@ class CurvatureHooks:
         self.batchnorms = [
             (n, m) for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
         ]
+        #: parameters of point-estimate layers (batch norm: see ngvi.curvature.layers)
+        self.point_params = {p for layer in self.layers if layer.point_estimate for p in layer.params}
+        self.batchnorm_warned = False
         self.loss_reduction = loss_reduction
         self.chunk_bytes = chunk_bytes
         self._init_transient()
@@ -189,11 +197,12 @@ class CurvatureHooks:
         if self._capture is not None:
             raise RuntimeError("CurvatureHooks.recording() blocks cannot be nested")
         training_bn = [n for n, m in self.batchnorms if m.training]
-        if training_bn:
+        if training_bn and not self.batchnorm_warned:  # once per model: it holds for every step
+            self.batchnorm_warned = True
             warnings.warn(
                 f"BatchNorm layers in training mode ({', '.join(training_bn)}) mix the examples of a "
-                "batch: the per-example curvature of the layers before them is only approximate (use "
-                "GroupNorm/LayerNorm, or eval mode)",
+                "batch: the per-example curvature of the layers before them is that of the batch-coupled "
+                "loss, an approximation (exact: GroupNorm/LayerNorm, or eval mode)",
                 stacklevel=4,
             )
         self._records = {}

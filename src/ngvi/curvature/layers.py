@@ -23,8 +23,17 @@ layer input as activations ``a`` of shape [m, G, T, d] and the recorded output g
   G = numel(w), o = d = 1: VOGN gets the exact per-example squares and noisy K-FAC a 2×2 factor A (w and b)
   per element — a diagonal posterior over w (a block-diagonal one over each (wₖ, bₖ) pair).
 
-BatchNorm is not supported: in training mode its batch statistics make every example's loss depend on the
-whole batch, so per-example gradients are not defined.
+* ``nn.BatchNorm1d/2d/3d`` (affine): the same 1×1 view, with x̂ normalised by the statistics the forward pass
+  used — the batch's in training mode, the running ones in eval mode. Its parameters are **point
+  estimates** (``point_estimate``): VOGN and noisy K-FAC train them with their mean update (the
+  preconditioned step, with the prior as weight decay) and draw no noise for them. Osawa et al.'s VOGN
+  code for "Practical deep learning with Bayesian principles" (2019; torchsso's ``non_reg_for_bn``) likewise
+  gives the batch-norm parameters no noise (there also no prior); NNG's own code (gd-zhang/noisy-K-FAC,
+  ``trainable_variables``: "we don't train the params of BN") keeps the scale and shift at 1 and 0, which
+  ``requires_grad_(False)`` gives here. In
+  training mode the batch statistics couple the examples, so the per-example gradients of the layers before
+  a batch norm are those of the batch-coupled loss (as in every K-FAC implementation with batch norm); the
+  batch norm's own ∇fᵢ = Σₜ δᵢₜ x̂ᵢₜ are exact given the batch.
 
 Patches are unfolded for a slice of examples at a time (``acts(module, x, start, stop)``), which is what
 keeps the memory of conv statistics bounded.
@@ -40,6 +49,8 @@ class LayerKind:
     """Views of one layer type's input and output gradient in the [examples, G, T, features] layout."""
 
     module_type: type[nn.Module]
+    #: its parameters are point estimates (no posterior noise; see the module docstring)
+    point_estimate: bool = False
 
     def groups(self, module: nn.Module) -> int:
         return 1
@@ -160,8 +171,31 @@ class GroupNormKind(_AffineNormKind):
         return t.reshape(t.shape[0], t.shape[1], -1)
 
 
+class BatchNormKind(_AffineNormKind):
+    """``nn.BatchNorm1d/2d/3d`` on [M, C, ...]: x̂ = (x − m)/√(v + eps) per channel, with the statistics of
+    the forward pass (the whole batch's in training mode, computed before any slicing; the running ones in
+    eval mode); one w per channel. Point estimates (see the module docstring)."""
+
+    module_type = nn.modules.batchnorm._BatchNorm
+    point_estimate = True
+
+    def acts(self, module, x, start, stop):
+        if module.training or module.running_mean is None:
+            dims = [0, *range(2, x.dim())]
+            mean = x.mean(dims, keepdim=True)
+            var = x.var(dims, unbiased=False, keepdim=True)
+        else:
+            shape = (1, -1, *[1] * (x.dim() - 2))
+            mean, var = module.running_mean.view(shape), module.running_var.view(shape)
+        x_hat = (x[start:stop] - mean) * (var + module.eps).rsqrt()
+        return self._layout(module, x_hat).unsqueeze(-1)
+
+    def _layout(self, module, t):
+        return t.reshape(t.shape[0], t.shape[1], -1)
+
+
 KINDS: dict[type[nn.Module], LayerKind] = {
-    k.module_type: k for k in (LinearKind(), Conv2dKind(), LayerNormKind(), GroupNormKind())
+    k.module_type: k for k in (LinearKind(), Conv2dKind(), LayerNormKind(), GroupNormKind(), BatchNormKind())
 }
 
 

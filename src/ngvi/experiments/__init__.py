@@ -15,8 +15,13 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "uci": "uci",
     "bench": "bench",
+    "classify": "vision",
+    "hmc": "hmc",
+    "active": "active",
     "bandits": "bandits",
     "list": "listing",
+    "prune": "prune",
+    "rl": "rl",
 }
 
 

@@ -14,9 +14,11 @@ from typing import Any
 from . import COMMANDS, command
 from .core.args import Parser, positive_int
 
-# The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"): the
-# library needs only torch and numpy, the experiments need these as well.
-EXPERIMENTS_EXTRA = frozenset({"scipy", "matplotlib", "tqdm", "optuna"})
+# The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
+# imports as pyro): the library needs only torch and numpy, the experiments need these as well.
+EXPERIMENTS_EXTRA = frozenset(
+    {"scipy", "matplotlib", "tqdm", "optuna", "pyro", "gymnasium", "mujoco", "stable_baselines3"}
+)
 
 
 def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:

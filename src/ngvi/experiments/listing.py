@@ -12,6 +12,8 @@ OTHER_DATA = {
     "australian_scale, breast_cancer_scale": "LIBSVM binary classification (data.load_libsvm)",
     "mnist": "MNIST digits (data.load_mnist)",
     "usps": "USPS digits, 3-vs-5 task (data.load_usps_3vs5)",
+    "fashion-mnist": "OOD set of classify, Debian's dataset-fashion-mnist (data.fashion_mnist)",
+    "cifar10": "CIFAR-10 python batches from --cifar-dir, if you have them (data.cifar10)",
     "mushroom, statlog shuttle, adult": "contextual bandits (data.load_bandit)",
     "wheel": "the wheel bandit of Riquelme et al. 2018, generated (data.wheel_bandit)",
     "covertype, census, jester, financial": "bandits read from a folder of your own (data.load_user_bandit)",

@@ -2,6 +2,7 @@
 
 from .badam import BAdam
 from .base import NonFiniteGradientError, VariationalOptimizer
+from .diagnostics import Diagnostics, PosteriorWarning
 from .ivon import IVON
 from .noisy_adam import NoisyAdam
 from .noisy_kfac import NoisyKFAC
@@ -17,10 +18,12 @@ __all__ = [
     "VOGN",
     "VON",
     "BAdam",
+    "Diagnostics",
     "NoisyAdam",
     "NoisyKFAC",
     "NonFiniteGradientError",
     "PosteriorOptimizer",
+    "PosteriorWarning",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",

@@ -5,7 +5,9 @@ that holds θ (``p.data = θ``); restoring μ rebinds it back, so neither saving
 For diagonal posteriors :func:`perturb_diagonal` forms θ in slices, bitwise the plain way: the precision is
 computed once per slice of at most a quarter of the parameters (its square root is kept when the curvature
 reads ε, as Price's ĝ⊙ε/σ does); ε is drawn straight into θ's tensor when nothing reads it later, so no noise
-buffer is kept. Other rules' ``_perturb`` perturbs a copy of μ in place.
+buffer is kept. Other rules' ``_perturb`` perturbs a copy of μ in place. For a bfloat16/float16 parameter with
+a float32 state, θ is formed from the float32 master and rounded once into the parameter's dtype
+(:mod:`._mixed_precision`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._tensorlist import TensorList
+from . import _mixed_precision
 from . import functional as F
 
 
@@ -40,8 +43,8 @@ def draw(opt: Any, train: bool) -> None:
             if opt.diagonal_perturb:
                 perturb_diagonal(opt, group, params, means, states, reuse)
                 continue
-            for p, mean in zip(params, means, strict=True):
-                p.data = mean.clone(memory_format=torch.preserve_format)
+            for p in params:  # a copy of μ (in the state's precision: the master of a bfloat16 parameter)
+                p.data = _mixed_precision.mean(opt, p).clone(memory_format=torch.preserve_format)
             keep = [i for i, p in enumerate(params) if not opt.unsampled(p, train)]
             eps = [noise.draw(params[i], reuse) for i in keep]
             for p in params:  # parameters sampled elsewhere keep μ and get ε = 0 (no draw)
@@ -50,6 +53,9 @@ def draw(opt: Any, train: bool) -> None:
             if keep:
                 sampled = TensorList(params[i].detach() for i in keep)
                 opt._perturb(group, sampled, TensorList(eps), [states[i] for i in keep])
+            for p, mean in zip(params, means, strict=True):  # θ in the parameter's own dtype
+                if p.dtype != mean.dtype:
+                    p.data = p.data.to(mean.dtype)
         noise.end_draw(reuse)
     except BaseException:
         for p in done:
@@ -75,6 +81,7 @@ def perturb_diagonal(
     result is bitwise that of ``VariationalOptimizer._perturb``."""
     noise = opt.noise_source
     fused = opt.compile and hasattr(opt, "_precision_core")  # one compiled loop: precision → √ → 1/√
+    sources = [_mixed_precision.mean(opt, p) for p in params]  # μ in the state's precision
     for part in slices(params, opt._elementwise and not opt.compile):
         if fused:
             core, lists, hyper = opt._precision_core(group, states[part])
@@ -89,14 +96,17 @@ def perturb_diagonal(
             opt._sqrt_prec.update(zip(params[part], sqrt_prec, strict=True))
         if noise.keep:
             eps = [noise.draw(p, reuse) for p in params[part]]
-            for p, theta in zip(
-                params[part], torch._foreach_addcmul(means[part], eps, list(sigma)), strict=True
-            ):
-                p.data = theta
+            eps = [
+                e if e.dtype == m.dtype else e.to(m.dtype) for e, m in zip(eps, sources[part], strict=True)
+            ]
+            thetas = torch._foreach_addcmul(sources[part], eps, list(sigma))
+            for p, mean, theta in zip(params[part], means[part], thetas, strict=True):
+                p.data = theta if theta.dtype == mean.dtype else theta.to(mean.dtype)
             continue
-        for p, mean, s in zip(params[part], means[part], sigma, strict=True):
-            theta = noise.into(torch.empty_like(mean, memory_format=torch.preserve_format))
-            p.data = torch.addcmul(mean, theta, s, out=theta)
+        for p, mean, src, s in zip(params[part], means[part], sources[part], sigma, strict=True):
+            theta = noise.into(torch.empty_like(src, memory_format=torch.preserve_format))
+            theta = torch.addcmul(src, theta, s, out=theta)
+            p.data = theta if theta.dtype == mean.dtype else theta.to(mean.dtype)
 
 
 def slices(params: list[Tensor], elementwise: bool) -> list[slice]:

@@ -1,4 +1,14 @@
-"""Where a diagonal posterior starts: s₀ from the prior and the initial precision."""
+r"""Where a posterior starts: s₀ from the prior and the initial precision.
+
+``init_prec`` takes three kinds of value in every rule with a curvature state s (Vadam, Vprop, VON, VOGN;
+noisy Adam's f and noisy K-FAC's factors follow the same convention):
+
+* ``"auto"`` (the default): one unit of curvature per example, s₀ = 1, so q₀ has precision N + λ and
+  σ₀ ≈ 1/√N (IVON's ``hess_init=1``). Weights then start with little noise and the variance is learned at
+  the rate of the curvature EMA (docs/CHOOSING.md).
+* ``None``: q₀ is the prior, s₀ = 0 (the papers' and the authors' code's start).
+* a number: that precision, s₀ = (init_prec − λ)/N.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +17,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
+#: ``init_prec="auto"``: s₀ = 1, one unit of curvature per example
+AUTO = "auto"
+
+
+def initial_curvature_value(group: dict[str, Any]) -> float:
+    """s₀ of ``group``: 1 for ``init_prec="auto"``, 0 for ``None``, else (init_prec − λ)/N."""
+    init, prior, n = group["init_prec"], group["prior_prec"], group["data_size"]
+    if init is None:
+        return 0.0
+    if init == AUTO:
+        return 1.0
+    return (init - prior) / n
+
+
+def initial_precision(group: dict[str, Any]) -> float:
+    """The precision of q₀, N·s₀ + λ."""
+    return group["data_size"] * initial_curvature_value(group) + group["prior_prec"]
+
 
 def initial_curvature(group: dict[str, Any], p: Tensor) -> Tensor:
-    """s₀ = (init_prec − λ)/N, shaped like p, so that q₀ has precision N(s₀ + λ/N) = init_prec;
-    zero for ``init_prec=None`` (q₀ is the prior)."""
-    init, prior, n = group["init_prec"], group["prior_prec"], group["data_size"]
-    return torch.full_like(p, 0.0 if init is None else (init - prior) / n)
+    """s₀ shaped like p (:func:`initial_curvature_value`), so that q₀ has precision N(s₀ + λ/N)."""
+    return torch.full_like(p, initial_curvature_value(group))

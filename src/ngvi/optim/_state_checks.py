@@ -9,11 +9,14 @@ tensors, so ``torch.load(weights_only=True)`` keeps working.
 
 from __future__ import annotations
 
+import math
 from itertools import chain
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from . import _mixed_precision
 
 #: state entries a rule creates only when an option needs them (heavy-ball buffers)
 OPTIONAL_STATE = frozenset({"momentum_buffer"})
@@ -42,6 +45,7 @@ def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
     extra = state_dict.pop("ngvi", None)
     validate(opt, state_dict, extra)
     load_torch_state(state_dict)
+    _mixed_precision.restore_float32_state(opt, state_dict)
     if extra is not None:
         opt.skipped_steps = int(extra["skipped_steps"])
         opt.num_steps = int(extra["num_steps"])
@@ -156,8 +160,7 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
     if not entry:
         return
     expected: dict[str, Any] = {}
-    with torch.no_grad():
-        opt._init_state(group, p, expected)
+    _mixed_precision.init_state(opt, group, p, expected)  # the rule's state (and a float32 master)
     optional_shapes = getattr(opt, "_optional_state_shapes", lambda p: {"momentum_buffer": p.shape})(p)
     required = set(expected) | {"step"}
     if expected and group.get("momentum", 0) and isinstance(entry.get("step"), int) and entry["step"] > 0:
@@ -183,6 +186,10 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
         if isinstance(want, int) and not isinstance(want, bool):  # a counter (K-FAC's factor updates)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} must be an int >= 0")
+            continue
+        if isinstance(want, float):  # a weight (Vadam's start weight)
+            if not isinstance(value, float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} must be a float >= 0")
             continue
         if not isinstance(value, Tensor) or not value.is_floating_point():
             raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} must be a floating tensor")

@@ -27,6 +27,7 @@ class BAdam(VariationalOptimizer):
     """Bayesian Adam (Laplace posterior from Adam's second moment)."""
 
     elementwise = True
+    curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
 
     perturbs_in_step = False
 

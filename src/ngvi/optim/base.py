@@ -23,7 +23,8 @@ from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from ..posterior import DiagonalGaussian
-from . import _state_checks
+from . import _mixed_precision, _state_checks
+from . import diagnostics as _diagnostics
 from ._accumulator import SampleAccumulator
 from ._closure import closure_loss, run_backward
 from ._noise import NOISES, NoiseSource
@@ -51,6 +52,7 @@ class VariationalOptimizer(Optimizer):
         noise_dtype: dtype of ε (``torch.float32`` for float64 parameters draws ~4× faster on CPU).
         rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
         compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).
+        fp32_state: float32 state and master μ for bfloat16/float16 parameters (:mod:`._mixed_precision`).
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction
@@ -93,8 +95,10 @@ class VariationalOptimizer(Optimizer):
         noise_dtype: torch.dtype | None = None,
         rank_noise: str = "shared",
         compile: bool = False,
+        fp32_state: bool = True,
     ):
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
+        self.fp32_state = check.boolean("fp32_state", fp32_state)
         self.skip_nonfinite = check.boolean("skip_nonfinite", skip_nonfinite)
         self.compile = check.boolean("compile", compile)
         estimator = None if curvature is None else estimator_for(curvature, self.curvatures)
@@ -154,8 +158,15 @@ class VariationalOptimizer(Optimizer):
         params.addcmul_(noise, self._precision(group, states).rsqrt())
 
     def unsampled(self, p: Tensor, train: bool) -> bool:
-        """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick)."""
-        return False
+        """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick; or a point
+        estimate)."""
+        return self.point_estimate(p)
+
+    def point_estimate(self, p: Tensor) -> bool:
+        """True for a parameter that is a point estimate: no posterior noise, variance 0 in ``posterior()``
+        (batch-norm parameters under the hook-based rules, see :mod:`ngvi.curvature.layers`)."""
+        hooks = getattr(self.curvature_estimator, "hooks", None)
+        return p in getattr(hooks, "point_params", ())
 
     # -- plumbing ------------------------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -168,8 +179,7 @@ class VariationalOptimizer(Optimizer):
         """p's state, created at first use."""
         state = self.state[p]
         if not state:
-            with torch.no_grad():
-                self._init_state(group, p, state)
+            _mixed_precision.init_state(self, group, p, state)
             state["step"] = 0
         return state
 
@@ -181,8 +191,8 @@ class VariationalOptimizer(Optimizer):
         return [p for group in self.param_groups for p in self.trainable(group)]
 
     def mean_of(self, p: Tensor) -> Tensor:
-        """μ of a parameter, also while the parameter holds a sample."""
-        return self._means[p] if self._in_sample and p in self._means else p.detach()
+        """μ of a parameter, also while it holds a sample (a bfloat16 parameter's float32 master)."""
+        return _mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "ngvi": _state_checks.engine_state(self)}
@@ -325,26 +335,35 @@ class VariationalOptimizer(Optimizer):
                 for state in states:
                     state["step"] += 1
                 for part in slices(s.params, self._elementwise and not self.compile):
-                    means, grads = (
-                        TensorList(t.detach() for t in ts[part]) for ts in (s.params, s.grads.tensors)
-                    )
+                    means = TensorList(_mixed_precision.mean(self, p) for p in s.params[part])
+                    grads = TensorList(t.detach() for t in s.grads.tensors[part])
                     curvs = None if s.curvs is None else TensorList(s.curvs.tensors[part])
                     self._update(s.group, means, grads, curvs, states[part])
+                    _mixed_precision.write_back(self, s.params[part])
         acc.clear()
         self._rng_checkpoint = None
         self.num_steps += 1
+        _diagnostics.after_step(self)  # warns once if the variance is frozen or at the float limits
         return loss
 
     # -- the posterior -------------------------------------------------------------------------------------
+    def diagnostics(self) -> _diagnostics.Diagnostics:
+        """Is the variance being learned? Moved precisions, σ and SNR quantiles, ... (:mod:`.diagnostics`)."""
+        return _diagnostics.report(self)
+
     @torch.no_grad()
     def posterior(self) -> DiagonalGaussian:
-        """A snapshot of q = N(μ, σ²) over all parameters, in parameter order."""
-        means, variances = [], []
+        """A snapshot of q = N(μ, σ²) over all parameters, in parameter order (point estimates: σ² = 0)."""
+        means, variances, point = [], [], []
         for group in self.param_groups:
             params = list(group["params"])
             if not params:
                 continue
             states = [self.state_of(group, p) for p in params]
-            means += [self.mean_of(p) for p in params]
-            variances += list(self._precision(group, states).reciprocal())
-        return DiagonalGaussian(means, variances)
+            for p, precision in zip(params, self._precision(group, states), strict=True):
+                point.extend([len(means)] if self.point_estimate(p) else [])
+                variances.append(
+                    torch.zeros_like(precision) if self.point_estimate(p) else precision.reciprocal()
+                )
+                means.append(self.mean_of(p))
+        return DiagonalGaussian(means, variances, point=point)

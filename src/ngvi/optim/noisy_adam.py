@@ -11,7 +11,14 @@ In minimisation form, with λ = ``kl_weight``, η = ``prior_var``, γ_in = λ/(N
 
 ĝ is the gradient of the mean negative log-likelihood (Alg. 1's −∇log p). Alg. 1 writes the prior term
 as γ_in·w at the sample; its expectation under q is γ_in·μ, which we use: the same fixed point with less
-variance. f starts at 0, so q starts at the prior (variance η) scaled by λ.
+variance.
+
+**Start** (``init_prec``). Alg. 1 starts at f = 0, so q₀ is the prior (variance η, scaled by λ) and the first
+steps are α·m̂/γ: with γ = λ/(Nη) ≈ 1/N these are N-fold Newton steps that diverge at α = 10⁻², while at
+α = 10⁻³ the weights keep the prior's noise for ~1/(1−β₂) steps (docs/CHOOSING.md). The default
+``init_prec="auto"`` starts at one unit of curvature per example, f₀ = 1 (q₀'s precision (N/λ)(1 + γ_in)),
+so the first steps are SGD-with-momentum steps of size α with σ₀ ≈ 1/√N, and α = 0.1 (natural-gradient
+units, as IVON's). ``init_prec=None`` is Alg. 1's start; a number c sets f₀ = λc/N − γ_in.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
+from ._prior import AUTO
 from .base import VariationalOptimizer
 
 
@@ -33,29 +41,38 @@ class NoisyAdam(VariationalOptimizer):
         params: parameters or groups.  data_size: N.  lr: α.  betas: (β₁, β₂).
         prior_var: η of the prior N(0, ηI) (default 1); or ``prior_prec`` = 1/η, the name every ngvi
             optimizer accepts.  kl_weight: λ (1 for the ELBO).  damping: γ_ex.  mc_samples: samples per step.
+        init_prec: precision of q at t=0: ``"auto"`` (f₀ = 1), ``None`` (f₀ = 0, Alg. 1) or a number.
     """
 
     elementwise = True
+    curvature_state = "fisher"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
         self,
         params,
         data_size: int,
-        lr: float = 1e-3,
+        lr: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.999),
         prior_var: float | None = None,
         kl_weight: float = 1.0,
         damping: float = 0.0,
         mc_samples: int = 1,
         *,
+        init_prec: float | str | None = AUTO,
         prior_prec: float | None = None,
         curvature: str | CurvatureEstimator = "grad2",
         **engine_kwargs: Any,
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
         defaults = dict(
-            data_size=data_size, lr=lr, betas=betas, prior_var=prior_var, kl_weight=kl_weight, damping=damping
+            data_size=data_size,
+            lr=lr,
+            betas=betas,
+            prior_var=prior_var,
+            kl_weight=kl_weight,
+            damping=damping,
+            init_prec=init_prec,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -66,15 +83,26 @@ class NoisyAdam(VariationalOptimizer):
         check.positive("prior_var", group["prior_var"])
         check.positive("kl_weight", group["kl_weight"])
         check.nonnegative("damping", group["damping"])
+        check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
         """γ_in = λ/(Nη)."""
         return group["kl_weight"] / (group["data_size"] * group["prior_var"])
 
+    @classmethod
+    def initial_fisher(cls, group: dict[str, Any]) -> float:
+        """f₀: 1 for ``init_prec="auto"``, 0 for ``None``, else λ·init_prec/N − γ_in (precision init_prec)."""
+        init = group["init_prec"]
+        if init is None:
+            return 0.0
+        if init == AUTO:
+            return 1.0
+        return max(group["kl_weight"] * init / group["data_size"] - cls.intrinsic_damping(group), 0.0)
+
     def _init_state(self, group, p, state):
         state["exp_avg"] = torch.zeros_like(p)
-        state["fisher"] = torch.zeros_like(p)
+        state["fisher"] = torch.full_like(p, self.initial_fisher(group))
 
     def _precision_core(self, group, states):
         return (

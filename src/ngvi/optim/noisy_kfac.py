@@ -23,9 +23,14 @@ of Alg. 2's γ_in·W under q).
 
 Choices the paper leaves open, and ours:
 
-* **Start.** A = S = 0, so q₀ is the prior N(0, η) (as noisy Adam's f = 0). The factor EMAs use the
-  weight max(β, 1/k) at their k-th update (K-FAC's warm start, Martens & Grosse 2015): a running mean
-  until k = 1/β, so the first update is not taken with near-zero factors.
+* **Start** (``init_prec``). The default ``"auto"`` starts both factors at the identity, A₀ = I, S₀ = I: one
+  unit of curvature per example, as the diagonal rules' s₀ = 1, so q₀ has precision ≈ N/λ (σ₀ ≈ 1/√N) and
+  the first steps are SGD steps of size α; the factors then follow eq. 12 with step β. ``init_prec=None``
+  starts at A = S = 0, q₀ the prior N(0, η) (as noisy Adam's f = 0), with K-FAC's warm start (Martens &
+  Grosse 2015): the factor EMAs use the weight max(β, 1/k) at their k-th update, a running mean until
+  k = 1/β, so the first update is not taken with near-zero factors. (That start learns the posterior within
+  ~1/β steps, and its broad early σ slows the mean: docs/CHOOSING.md.) A number c starts at A₀ = S₀ = aI
+  with a² = λc/N − γ_in, i.e. q₀ with precision ≈ c.
 * **Schedule.** Statistics at steps t with (t−1) mod T_stats = 0 and inverses at (t−1) mod T_inv = 0, i.e.
   at the first step and every T steps after (Alg. 2's k ≡ 0 would use uninverted factors until step T_inv).
   Between inversions, sampling and the update use the last inverses, as in Alg. 2.
@@ -50,6 +55,7 @@ from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
 from ..posterior import KroneckerBlock, KroneckerGaussian, join_block, split_block
 from . import functional as F
+from ._prior import AUTO
 from .base import VariationalOptimizer
 
 
@@ -61,6 +67,8 @@ class NoisyKFAC(VariationalOptimizer):
             nn.GroupNorm layers (for the normalisation layers each (wₖ, bₖ) pair gets its own 2×2 block).
         data_size: N.  lr: α.  beta: β, the factor EMA step.  momentum: heavy-ball on the natural step.
         prior_var: η of the prior N(0, ηI) (default 1).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
+        init_prec: where q starts: ``"auto"`` (A₀ = S₀ = I), ``None`` (the prior, with the warm start) or a
+            precision (see the module docstring).
         prior_prec: the prior's precision 1/η, the name every ngvi optimizer accepts (give one of the two).
         stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.
         curvature: "ef" (the closure's own loss) or "fisher" (targets sampled from ``likelihood``).
@@ -75,9 +83,9 @@ class NoisyKFAC(VariationalOptimizer):
         self,
         model: nn.Module,
         data_size: int,
-        lr: float = 1e-3,
-        beta: float = 0.01,
-        momentum: float = 0.0,
+        lr: float = 0.1,
+        beta: float = 1e-3,
+        momentum: float = 0.5,
         prior_var: float | None = None,
         kl_weight: float = 1.0,
         damping: float = 1e-3,
@@ -86,6 +94,7 @@ class NoisyKFAC(VariationalOptimizer):
         mc_samples: int = 1,
         curvature: str = "ef",
         *,
+        init_prec: float | str | None = AUTO,
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -111,6 +120,7 @@ class NoisyKFAC(VariationalOptimizer):
             damping=damping,
             stats_every=stats_every,
             inv_every=inv_every,
+            init_prec=init_prec,
         )
         super().__init__(
             estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
@@ -134,11 +144,24 @@ class NoisyKFAC(VariationalOptimizer):
         check.nonnegative("damping", group["damping"])
         check.positive_int("stats_every", group["stats_every"])
         check.positive_int("inv_every", group["inv_every"])
+        check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
         """γ_in = λ/(Nη)."""
         return group["kl_weight"] / (group["data_size"] * group["prior_var"])
+
+    @classmethod
+    def initial_factor_scale(cls, group: dict[str, Any]) -> float:
+        """a of A₀ = S₀ = aI: 1 for ``init_prec="auto"``, 0 for ``None``, else √(λc/N − γ_in)."""
+        init = group["init_prec"]
+        if init is None:
+            return 0.0
+        if init == AUTO:
+            return 1.0
+        return math.sqrt(
+            max(group["kl_weight"] * init / group["data_size"] - cls.intrinsic_damping(group), 0.0)
+        )
 
     # ----------------------------------------------------------------------------------------------------
     # Layer layout: a layer's parameters as one [G, o, d'] block (weight columns, then the bias column)
@@ -180,8 +203,13 @@ class NoisyKFAC(VariationalOptimizer):
         if p is not self._hooks.layers[i].params[0]:
             return  # a layer's state lives with its first parameter
         groups, rows, cols = self._block_dims(i)
-        state["factor_A"] = p.new_zeros(groups, cols, cols)
-        state["factor_S"] = p.new_zeros(groups, rows, rows)
+        scale = self.initial_factor_scale(group)
+        state["factor_A"] = (
+            torch.eye(cols, dtype=p.dtype, device=p.device).mul_(scale).expand(groups, -1, -1).clone()
+        )
+        state["factor_S"] = (
+            torch.eye(rows, dtype=p.dtype, device=p.device).mul_(scale).expand(groups, -1, -1).clone()
+        )
         state["factor_updates"] = 0
         state.update(self._inverses(group, state["factor_A"], state["factor_S"]))
 
@@ -200,7 +228,8 @@ class NoisyKFAC(VariationalOptimizer):
 
     def _perturb(self, group, params, noise, states):
         scale = math.sqrt(group["kl_weight"] / group["data_size"])
-        for i, ks in self._positions(self.trainable(group)):
+        sampled = [p for p in self.trainable(group) if not self.point_estimate(p)]  # the engine's order
+        for i, ks in self._positions(sampled):
             st = states[ks[0]]
             eps = self._join(i, [noise[k] for k in ks])
             draw = (st["S_root"] @ eps @ st["A_root"].mT).mul_(scale)  # rows ~ S⁻¹, columns ~ (λ/N) A⁻¹
@@ -230,7 +259,7 @@ class NoisyKFAC(VariationalOptimizer):
             a, s = st["factor_A"], st["factor_S"]
             if curvs is not None:
                 count = st["factor_updates"] + 1
-                weight = max(beta, 1.0 / count)
+                weight = max(beta, 1.0 / count) if group["init_prec"] is None else beta  # warm start from 0
                 flat = curvs[ks[0]]
                 a_hat, s_hat = flat[: a.numel()].view_as(a), flat[a.numel() :].view_as(s)
                 a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, weight)  # (12)
@@ -260,16 +289,19 @@ class NoisyKFAC(VariationalOptimizer):
     # ----------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def posterior(self) -> KroneckerGaussian:
-        """A snapshot of q: per layer vec(W) ~ N(vec(M), [S^γin]⁻¹ ⊗ (λ/N)[A^γin]⁻¹), in parameter order."""
+        """A snapshot of q: per layer vec(W) ~ N(vec(M), [S^γin]⁻¹ ⊗ (λ/N)[A^γin]⁻¹), in parameter order;
+        batch-norm parameters are point estimates (``point``)."""
         group = self.param_groups[0]
         params = self.trainable(group)
         states = [self.state_of(group, p) for p in params]
         scale = group["kl_weight"] / group["data_size"]
-        blocks = []
+        blocks, point = [], [k for k, p in enumerate(params) if self.point_estimate(p)]
         for _, ks in self._positions(params):
+            if ks[0] in point:
+                continue  # batch norm: point estimates, updated by the mean step only
             st = states[ks[0]]
             s_root, a_root = st["S_root"].double(), st["A_root"].double()  # BBᵀ in float64 stays PD
             row_cov = s_root @ s_root.mT
             col_cov = (a_root @ a_root.mT).mul_(scale)
             blocks.append(KroneckerBlock(tuple(ks), row_cov, col_cov))
-        return KroneckerGaussian([self.mean_of(p) for p in params], blocks)
+        return KroneckerGaussian([self.mean_of(p) for p in params], blocks, point=point)

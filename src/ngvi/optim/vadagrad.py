@@ -7,6 +7,10 @@ r"""VadaGrad: variational optimisation with an AdaGrad-like rule (Khan et al. 20
 
 There is no prior and no data size: VadaGrad minimises E_q[F(θ)] (τ = 0 in eq. 22), so s only grows and
 q contracts towards a point mass at a minimum of F. ``init_prec`` is s₀.
+
+The step is α·ĝ/√s with s ≥ s₀, so α is in units of σ₀ = 1/√s₀: with the default s₀ = 10⁴ (σ₀ = 0.01, the
+paper's RL setting, App. K) the first steps are SGD steps of size α/100, and the default α = 10 makes them
+SGD's 0.1 (at α = 10⁻² VadaGrad does not move on a small regression in 200 steps: docs/CHOOSING.md).
 """
 
 from __future__ import annotations
@@ -25,18 +29,20 @@ class VadaGrad(VariationalOptimizer):
     """Variational AdaGrad. Search-distribution precision 1/σ² = s.
 
     Args:
-        params: parameters or groups.  lr: α.  beta: β, the weight of ĝ² in the running sum (not an EMA
-        step: s only grows).  init_prec: s₀.  mc_samples: samples per step.  data_size, prior_prec: accepted
-        for the shared vocabulary; VadaGrad has no prior (``prior_prec`` must be 0) and does not scale by N.
+        params: parameters or groups.  lr: α (the first steps are SGD steps of α/√init_prec).
+        beta: β, the weight of ĝ² in the running sum (not an EMA step: s only grows).  init_prec: s₀.
+        mc_samples: samples per step.  data_size, prior_prec: accepted for the shared vocabulary; VadaGrad
+        has no prior (``prior_prec`` must be 0) and does not scale by N.
     """
 
     elementwise = True
+    curvature_state = "sum_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
         self,
         params,
-        lr: float = 1e-2,
+        lr: float = 10.0,
         beta: float = 0.01,
         init_prec: float = 1e4,
         mc_samples: int = 1,

@@ -9,6 +9,19 @@ r"""Vadam: Adam with weight perturbation (Khan et al. 2018, Fig. 1 and App. E, e
 
 with λ̃ = λ/N. With several MC samples ĝ is their mean gradient and ĝ² the mean of their squares (as in the
 authors' code). ``betas`` = (γ₁, γ₂) as in Adam.
+
+**Which second moment divides the step** (``step_moment``). s starts at s₀ = (init_prec − λ)/N and after t
+steps is s = γ₂ᵗs₀ + v, where v = (1−γ₂)Σₖγ₂^{t−k}ĝₖ² is Adam's second moment (started at 0). Eq. 92
+divides all of s by 1−γ₂ᵗ, so a start s₀ > 0 is inflated about 1/((1−γ₂)t)-fold in the first steps
+(1000-fold at t = 1 for γ₂ = 0.999), which shrinks the step and freezes μ for hundreds of steps
+(docs/CHOOSING.md has the measurements).
+
+* ``"debiased"`` (default): the step divides by Adam's bias-corrected v, ŝ = v/(1−γ₂ᵗ), the unbiased
+  estimate of E[ĝ²] whatever s₀ is; the sample uses the paper's uncorrected s = γ₂ᵗs₀ + v (eq. 88). The state
+  keeps v (``exp_avg_sq``) and the weight w = Πγ₂ of the start (``start_weight``, γ₂ᵗ for a constant γ₂),
+  and the precision adds the decayed start: N(v + w·s₀) + λ. With s₀ = 0
+  (``init_prec=None``) this *is* Fig. 1, bit for bit; the fixed point is the paper's for every s₀.
+* ``"paper"``: eqs. 88–93 as written (the state keeps s, started at s₀).
 """
 
 from __future__ import annotations
@@ -20,7 +33,35 @@ import torch
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
+from ._prior import AUTO, initial_curvature_value
 from .base import VariationalOptimizer, initial_curvature
+
+#: the values of ``step_moment`` (Vadam, Vprop)
+STEP_MOMENTS = ("debiased", "paper")
+
+
+def start_weight() -> float:
+    """The weight w = Πₖ decayₖ of s₀ in s = w·s₀ + v (``step_moment="debiased"``), 1 at t = 0: a product,
+    not decayᵗ, so that it only shrinks when a schedule changes the decay. A Python float (one per tensor,
+    like the step count): no device round trip when the precision is formed."""
+    return 1.0
+
+
+def decayed_start_shift(group: dict[str, Any], states: list[dict[str, Any]]) -> Any:
+    """λ + N·w·s₀ per tensor: the shift of the precision N·v + shift when the state keeps the data part v of
+    s = w·s₀ + v (``step_moment="debiased"``); λ itself where s₀ = 0 or for ``"paper"``."""
+    s0 = initial_curvature_value(group)
+    if group["step_moment"] == "paper" or s0 == 0:
+        return group["prior_prec"]
+    n = group["data_size"]
+    return [group["prior_prec"] + n * s0 * st["start_weight"] for st in states]
+
+
+def decay_start_(states: list[dict[str, Any]], decay: float) -> None:
+    """w ← w·decay for each state that keeps a start weight (after the moment's EMA step)."""
+    for st in states:
+        if "start_weight" in st:
+            st["start_weight"] *= decay
 
 
 class Vadam(VariationalOptimizer):
@@ -30,11 +71,15 @@ class Vadam(VariationalOptimizer):
         params: parameters or groups.
         data_size: N, the number of training examples (the closure returns a mean over a minibatch).
         lr: α.  betas: (γ₁, γ₂).  prior_prec: λ of the prior N(0, I/λ).
-        init_prec: precision of q at t=0 (s₀ = (init_prec − λ)/N); None means init_prec = λ (q₀ = prior).
+        init_prec: precision of q at t=0: ``"auto"`` (default) is N + λ (s₀ = 1, σ₀ ≈ 1/√N); ``None`` the
+            prior's (s₀ = 0); a number sets s₀ = (init_prec − λ)/N.
         mc_samples: posterior samples per step.
+        step_moment: ``"debiased"`` (default: Adam's bias-corrected second moment, so s₀ sets only σ) or
+            ``"paper"`` (eq. 92 divides s₀ too); see the module docstring.
     """
 
     elementwise = True
+    curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
@@ -44,28 +89,41 @@ class Vadam(VariationalOptimizer):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         prior_prec: float = 1.0,
-        init_prec: float | None = None,
+        init_prec: float | str | None = AUTO,
         mc_samples: int = 1,
         *,
+        step_moment: str = "debiased",
         curvature: str | CurvatureEstimator = "grad2",
         **engine_kwargs: Any,
     ):
-        defaults = dict(data_size=data_size, lr=lr, betas=betas, prior_prec=prior_prec, init_prec=init_prec)
+        defaults = dict(
+            data_size=data_size,
+            lr=lr,
+            betas=betas,
+            prior_prec=prior_prec,
+            init_prec=init_prec,
+            step_moment=step_moment,
+        )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
     def _check_group(self, group):
         check.prior_group(group)
         check.betas("betas", group["betas"])
+        check.choice("step_moment", group["step_moment"], STEP_MOMENTS)
 
     def _init_state(self, group, p, state):
         state["exp_avg"] = torch.zeros_like(p)
-        state["exp_avg_sq"] = initial_curvature(group, p)
+        if group["step_moment"] == "paper":
+            state["exp_avg_sq"] = initial_curvature(group, p)  # s, started at s₀
+        else:
+            state["exp_avg_sq"] = torch.zeros_like(p)  # v: the start lives in the precision's shift
+            state["start_weight"] = start_weight()
 
     def _precision_core(self, group, states):
         return (
             F.scaled_precision,
             ([st["exp_avg_sq"] for st in states],),
-            dict(scale=float(group["data_size"]), shift=group["prior_prec"]),
+            dict(scale=float(group["data_size"]), shift=decayed_start_shift(group, states)),
         )
 
     def _update(self, group, means, grads, curvs, states):
@@ -85,3 +143,4 @@ class Vadam(VariationalOptimizer):
             bias2=F.bias_corrections(beta2, states),
             compile=self.compile,
         )
+        decay_start_(states, beta2)

@@ -10,7 +10,8 @@ VOGN is VON with the Gauss-Newton curvature, the mean of squared **per-example**
     \mu &\leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu)/(s + \tilde\lambda)                  && (7)
 
 ĥ ≥ 0, so s stays non-negative without VON's Riemannian correction, and eq. 10 is used as written.
-s₀ = (init_prec − λ)/N, and 0 for ``init_prec=None`` (q₀ is the prior).
+s₀ = (init_prec − λ)/N, 1 for ``init_prec="auto"`` (the default, as VON's) and 0 for ``init_prec=None`` (q₀
+is the prior). The defaults (α = 0.1, γ = 0.5, s₀ = 1) are VON's; the paper's plain rule is ``momentum=0``.
 
 The per-example gradients come from hooks on the model's layers (nn.Linear, nn.Conv2d, nn.LayerNorm,
 nn.GroupNorm) during the ordinary backward pass (:mod:`ngvi.curvature`): for a Linear layer
@@ -42,10 +43,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _validation as check
 from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
+from ._prior import AUTO
 from .von import VON
 
 
@@ -57,7 +58,8 @@ class VOGN(VON):
         model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
             nn.GroupNorm layers (others get a ValueError naming them).
         data_size: N.  lr: α.  beta: β, the curvature step.  momentum: γ of the natural momentum.
-        prior_prec: λ.  init_prec: precision of q at t=0 (None: the prior's).  mc_samples: samples per step.
+        prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
+        mc_samples: samples per step.
         curvature: "ef" (per-example gradients of the closure's loss) or "fisher" (sampled targets).
         likelihood: "gaussian", "bernoulli", "categorical" or a :class:`ngvi.curvature.Likelihood`
             ("fisher" only).  noise_prec: τ of the "gaussian" likelihood.
@@ -74,11 +76,11 @@ class VOGN(VON):
         self,
         model: nn.Module,
         data_size: int,
-        lr: float = 1e-3,
+        lr: float = 0.1,
         beta: float = 1e-3,
-        momentum: float = 0.0,
+        momentum: float = 0.5,
         prior_prec: float = 1.0,
-        init_prec: float | None = None,
+        init_prec: float | str | None = AUTO,
         mc_samples: int = 1,
         curvature: str = "ef",
         *,
@@ -105,13 +107,9 @@ class VOGN(VON):
             init_prec,
             mc_samples,
             estimator,
-            _extra_defaults={"momentum": momentum},
+            momentum=momentum,
             **engine_kwargs,
         )
-
-    def _check_group(self, group):
-        super()._check_group(group)
-        check.unit_interval("momentum", group["momentum"])
 
     def _init_transient(self) -> None:
         super()._init_transient()
@@ -123,15 +121,17 @@ class VOGN(VON):
         out = []
         for p in params:
             buf = self._scratch.get(p)
-            if buf is None:
-                buf = self._scratch[p] = torch.empty_like(p, memory_format=torch.preserve_format)
+            if buf is None:  # like the state (float32 for a bfloat16 parameter with fp32_state)
+                like = self.state[p]["hess"]
+                buf = self._scratch[p] = torch.empty_like(like, memory_format=torch.preserve_format)
             out.append(buf)
         return out
 
     def _perturb(self, group, params, noise, states):
         # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
         prior_tilde = group["prior_prec"] / group["data_size"]
-        inv_std = self._scratch_for(self.trainable(group))  # the engine's order of params/noise/states
+        sampled = [p for p in self.trainable(group) if not self.point_estimate(p)]  # batch norm: no noise
+        inv_std = self._scratch_for(sampled)  # the engine's order of params/noise/states
         for buf, st in zip(inv_std, states, strict=True):
             torch.add(st["hess"], prior_tilde, out=buf)
         torch._foreach_rsqrt_(inv_std)
@@ -154,9 +154,3 @@ class VOGN(VON):
             prior_tilde=group["prior_prec"] / group["data_size"],
             compile=self.compile,
         )
-
-    @staticmethod
-    def _momentum_buffer(state: dict[str, Any]) -> torch.Tensor:
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(state["hess"])
-        return state["momentum_buffer"]

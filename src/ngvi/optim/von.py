@@ -19,15 +19,23 @@ IVON). Writing P = s + λ̃ and d = ĥ − s, the new precision P + βd + β²d�
 negative discriminant, so s + λ̃ stays positive for every ĥ — no back-tracking and no coupling across weights
 (App. D.1's back-tracking would shrink β for *all* weights whenever one estimate is very negative). The
 correction is O(β²), so the fixed point is that of eq. 8.
+
+**Defaults** (docs/CHOOSING.md): q starts at one unit of curvature per example (``init_prec="auto"``,
+s₀ = 1), so the first steps are SGD steps of size α with weight noise σ₀ ≈ 1/√N; α = 0.1 in these
+natural-gradient units (IVON's default) and the natural momentum of eq. 18 (App. E) with γ = 0.5. The
+paper's eqs. 7–8 alone are ``momentum=0``; its start at the prior is ``init_prec=None``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from . import functional as F
+from ._prior import AUTO
 from .base import VariationalOptimizer, initial_curvature
 
 
@@ -36,12 +44,15 @@ class VON(VariationalOptimizer):
 
     Args:
         params: parameters or groups.  data_size: N.  lr: α.  beta: β, the curvature step.
-        prior_prec: λ.  init_prec: precision of q at t=0 (None: the prior's).  mc_samples: samples per step.
+        prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
+        mc_samples: samples per step.
         curvature: "price" (default) or "hutchinson" (:mod:`ngvi.curvature.estimators`).
+        momentum: γ of the natural momentum (eq. 18); 0 gives eqs. 7–8.
         hessian: the old name of ``curvature`` (deprecated).
     """
 
     elementwise = True
+    curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     #: the curvature estimators this rule accepts (the first is the default)
     curvatures: tuple[str, ...] = ("price", "hutchinson")
 
@@ -49,13 +60,14 @@ class VON(VariationalOptimizer):
         self,
         params,
         data_size: int,
-        lr: float = 1e-3,
+        lr: float = 0.1,
         beta: float = 1e-3,
         prior_prec: float = 1.0,
-        init_prec: float | None = None,
+        init_prec: float | str | None = AUTO,
         mc_samples: int = 1,
         curvature: str | CurvatureEstimator | None = None,
         *,
+        momentum: float = 0.5,
         hessian: str | None = None,
         _extra_defaults: dict[str, Any] | None = None,
         **engine_kwargs: Any,
@@ -64,7 +76,14 @@ class VON(VariationalOptimizer):
         estimator = estimator_for(
             curvature, self.curvatures, keyword="curvature" if hessian is None else "hessian"
         )
-        defaults = dict(data_size=data_size, lr=lr, beta=beta, prior_prec=prior_prec, init_prec=init_prec)
+        defaults = dict(
+            data_size=data_size,
+            lr=lr,
+            beta=beta,
+            momentum=momentum,
+            prior_prec=prior_prec,
+            init_prec=init_prec,
+        )
         defaults.update(_extra_defaults or {})
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs)
 
@@ -76,6 +95,7 @@ class VON(VariationalOptimizer):
     def _check_group(self, group):
         check.prior_group(group)
         check.unit_interval("beta", group["beta"], closed_high=True)
+        check.unit_interval("momentum", group["momentum"])
 
     def _init_state(self, group, p, state):
         state["hess"] = initial_curvature(group, p)
@@ -88,14 +108,23 @@ class VON(VariationalOptimizer):
         )
 
     def _update(self, group, means, grads, curvs, states):
+        momentum = group["momentum"]
         F.run_core(
             F.von_update_,
             means,
             grads,
             curvs,
             [st["hess"] for st in states],
+            [self._momentum_buffer(st) for st in states] if momentum else None,  # μ_t − μ_{t−1}
             lr=group["lr"],
             beta=group["beta"],
             prior_tilde=group["prior_prec"] / group["data_size"],
+            momentum=momentum,
             compile=self.compile,
         )
+
+    @staticmethod
+    def _momentum_buffer(state: dict[str, Any]) -> torch.Tensor:
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(state["hess"])
+        return state["momentum_buffer"]

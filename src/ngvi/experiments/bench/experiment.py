@@ -10,6 +10,8 @@ from ..core.runner import Experiment, Job, Run
 from .measure import environment, problems, run_problem, sweep_problem
 from .methods import availability, methods
 from .report import SWEEP_METHODS, plot_scaling, table
+from .state_memory import measure as measure_state_memory
+from .state_memory import table as state_memory_table
 
 
 def _default_device() -> torch.device:
@@ -87,6 +89,8 @@ class Bench(Experiment):
         settings = self._settings(args)
         jobs = [Job(f"problem/{key}", {**settings, "problem": key}) for key in settings["models"]]
         jobs += [Job(f"sweep/{width}", {**settings, "width": width}) for width in settings["sweep"]]
+        if settings["memory"]:  # the state per weight for float32 and bfloat16 parameters (fp32_state)
+            jobs.append(Job("state_memory", {**settings, "state_memory": True}))
         return jobs
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +99,8 @@ class Bench(Experiment):
         all_methods = methods(spec["noise_variants"])
         chosen = {n: all_methods[n] for n in spec["methods"] if availability(all_methods[n]) is None}
         device = torch.device(spec["device"])
+        if spec.get("state_memory"):
+            return measure_state_memory(spec["quick"])
         if "problem" in spec:
             problem = problems(spec["quick"])[spec["problem"]]
             return run_problem(
@@ -119,7 +125,10 @@ class Bench(Experiment):
         }
         run.results["environment"] = results["environment"]
         run.save()
-        (run.out / "table.md").write_text(table(results))
+        text = table(results)
+        if "state_memory" in runs:
+            text += "\n" + state_memory_table(runs["state_memory"]) + "\n"
+        (run.out / "table.md").write_text(text)
         written = [run.out / "table.md", run.out / "results.json"]
         if results["sweep"]:
             plot_scaling(results, run.out / "scaling.png")

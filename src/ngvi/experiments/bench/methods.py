@@ -104,16 +104,17 @@ def _backpack_sgs_adam(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> St
     return step
 
 
-#: each registry method's options here (beside data_size): the weight-perturbation rules start at init_prec
+#: each registry method's options here (beside data_size): the weight-perturbation rules start at init_prec;
+#: the work per step is that of the recorded runs (independent noise, no natural momentum)
 OPTIONS: dict[str, dict[str, Any]] = {
     "vadam": {"init_prec": 100.0, "seed": 0},
-    "vprop": {"init_prec": 100.0, "seed": 0},
-    "von": {"init_prec": 100.0, "seed": 0},
+    "vprop": {"init_prec": 100.0, "noise": "normal", "seed": 0},
+    "von": {"init_prec": 100.0, "momentum": 0.0, "seed": 0},
     "ivon": {"seed": 0},
     "noisy_adam": {"seed": 0},
     "badam": {"seed": 0},
-    "vogn": {"seed": 0},
-    "noisy_kfac": {"inv_every": 20, "seed": 0},
+    "vogn": {"momentum": 0.0, "seed": 0},
+    "noisy_kfac": {"inv_every": 20, "momentum": 0.0, "seed": 0},
     "bbvi": {"lr": 1e-3, "seed": 0},
 }
 COMPILED = ("vadam", "vprop", "ivon")

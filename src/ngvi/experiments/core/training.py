@@ -46,6 +46,7 @@ def train(
     copies: int = 1,
     after_epoch: Callable[[int], None] | None = None,
     progress: Any = None,
+    augment: Callable[[Tensor, torch.Generator | None], Tensor] | None = None,
 ) -> list[float]:
     """Train for ``epochs`` passes over (x, y); returns the mean loss of every step.
 
@@ -53,7 +54,8 @@ def train(
     permutation (drawn from ``generator``) in minibatches. ``copies`` repeats each minibatch that many times
     in one forward pass (MC samples drawn as rows: under the local reparameterisation every row gets its own
     noise). ``after_epoch(epoch)`` runs after every epoch (evaluation curves); ``progress`` (a tqdm bar) is
-    advanced once per step."""
+    advanced once per step. ``augment(xb, generator)`` transforms each
+    minibatch's inputs before the step (data augmentation; drawn from ``generator``)."""
     n = x.shape[0]
     losses = []
     for epoch in range(epochs):
@@ -63,6 +65,8 @@ def train(
         )
         for idx in batches:
             xb, yb = x[idx], y[idx]
+            if augment is not None:
+                xb = augment(xb, generator)
             if copies > 1:
                 xb, yb = xb.repeat(copies, *[1] * (xb.dim() - 1)), yb.repeat(copies, *[1] * (yb.dim() - 1))
             loss = trainer.step(closure(model, trainer, loss_fn, xb, yb))

@@ -6,7 +6,8 @@ the weight-perturbation methods, 20/10 for BBVI. Vadam-style methods start at in
 authors' code); BBVI at precision 10 (App. J.1). λ (``prior_prec``) and τ (``noise_prec``, in standardised
 target units) come from tuning; MC dropout follows Gal's code instead: λ = 10⁻⁴ fixed (length-scale 10⁻²),
 with τ and its dropout rate tuned (the rate over Gal's grid). VOGN and noisy K-FAC take their curvature from
-the true Fisher (NNG's choice), and VOGN starts at s₀ = 1 (see ``VOGN_INIT_CURVATURE``).
+the true Fisher (NNG's choice), and VOGN starts at s₀ = 1 (see ``VOGN_INIT_CURVATURE``). Every rule runs as
+its paper writes it (:data:`PAPER_RULES` pins the options whose ngvi defaults differ).
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ class Setting:
 
 def _vadam_style(s: Setting) -> dict[str, Any]:  # Vadam, Vprop, VON: start at the prior (authors' code)
     return {"init_prec": s.prior_prec}
+
+
+#: the papers' rules where ngvi's defaults differ from them (docs/CHOOSING.md): Fig. 1's and eq. 14's step,
+#: independent noise, no natural momentum, Alg. 1's and Alg. 2's start at the prior
+PAPER_RULES: dict[str, dict[str, Any]] = {
+    "vadam": {"step_moment": "paper"},
+    "vprop": {"step_moment": "paper", "noise": "normal"},
+    "von": {"momentum": 0.0},
+    "vogn": {"momentum": 0.0},
+    "noisy_adam": {"init_prec": None},
+    "noisy_kfac": {"init_prec": None, "momentum": 0.0},
+}
 
 
 def _true_fisher(s: Setting) -> dict[str, Any]:
@@ -83,7 +96,9 @@ class UCIMethod:
     def trainer_options(self, s: Setting) -> dict[str, Any]:
         """Every keyword of the trainer: the protocol's shared ones, the step sizes and the method's own."""
         steps = {"beta": 1 - BETAS[1]} if self.name in _BETA_STEP else {"betas": BETAS}
-        return {"lr": LR, **steps, "prior_prec": s.prior_prec, "mc_samples": s.mc_samples, **self.options(s)}
+        paper = PAPER_RULES.get(self.name, {})
+        shared = {"lr": LR, **steps, "prior_prec": s.prior_prec, "mc_samples": s.mc_samples}
+        return {**shared, **paper, **self.options(s)}
 
 
 #: the methods whose β is an EMA step (VON's family, and Vprop's since the vocabulary change)

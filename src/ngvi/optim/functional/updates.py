@@ -61,32 +61,57 @@ def vprop_update_(
     lr: Num,
     beta: Num,
     prior_tilde: Num,
+    bias: Nums | None = None,
 ) -> None:
     r"""Vprop (Khan et al. 2018, eq. 14), in place on μ and s; ``beta`` is the paper's step β:
 
     .. math::
         s \leftarrow (1-\beta)\,s + \beta\,\hat g^2,\qquad
-        \mu \leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu)/(\sqrt s + \tilde\lambda)"""
+        \mu \leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu)/(\sqrt s + \tilde\lambda)
+
+    With ``bias`` = 1−(1−β)ᵗ per tensor (``step_moment="debiased"``; s is then the EMA v started at 0) the
+    step divides by √(v/(1−(1−β)ᵗ)) + λ̃ instead."""
     mu, s = TensorList(means), TensorList(exp_avg_sq)
     s.lerp_(TensorList(curvs), beta)
     step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
-    _addcdiv_(mu, step, _add_(s.sqrt(), prior_tilde), -lr)
+    root = s.sqrt() if bias is None else _div(s, bias).sqrt_()
+    _addcdiv_(mu, step, _add_(root, prior_tilde), -lr)
 
 
 def von_update_(
-    means: Tensors, grads: Tensors, curvs: Tensors, hess: Tensors, *, lr: Num, beta: Num, prior_tilde: Num
+    means: Tensors,
+    grads: Tensors,
+    curvs: Tensors,
+    hess: Tensors,
+    momentum_buffer: Tensors | None = None,
+    *,
+    lr: Num,
+    beta: Num,
+    prior_tilde: Num,
+    momentum: Num = 0.0,
 ) -> None:
     r"""VON (Khan et al. 2018, eqs. 7–8) with the Riemannian correction, in place on μ and s:
 
     .. math::
-        s &\leftarrow (1-\beta)s + \beta\hat h + \tfrac12\beta^2(\hat h - s)^2/(s + \tilde\lambda)  && (8)\\
-        \mu &\leftarrow \mu - \alpha\,(\hat g + \tilde\lambda\mu)/(s + \tilde\lambda)                && (7)
+        s_{t+1} &= (1-\beta)s_t + \beta\hat h + \tfrac12\beta^2(\hat h - s_t)^2/(s_t + \tilde\lambda) && (8)\\
+        \mu_{t+1} &= \mu_t - \alpha\,\frac{\hat g + \tilde\lambda\mu_t}{s_{t+1} + \tilde\lambda}
+                   + \gamma\frac{s_t + \tilde\lambda}{s_{t+1} + \tilde\lambda}(\mu_t - \mu_{t-1})  && (7, 18)
 
-    with the new s in eq. 7 (the natural-gradient step uses the updated precision)."""
+    with the new s in eq. 7 (the natural-gradient step uses the updated precision). The last term is the
+    natural momentum of eq. 18 (App. E), γ = ``momentum``; ``momentum_buffer`` holds μ_t − μ_{t−1}
+    (``None``: no momentum, eqs. 7–8 alone)."""
     mu, s = TensorList(means), TensorList(hess)
+    before = None if momentum_buffer is None else _add(s, prior_tilde)  # s_t + λ̃
     riemannian_ema_(s, curvs, beta=beta, damping=prior_tilde)
     step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
-    _addcdiv_(mu, step, _add(s, prior_tilde), -lr)
+    if momentum_buffer is None:
+        _addcdiv_(mu, step, _add(s, prior_tilde), -lr)
+        return
+    buffers = TensorList(momentum_buffer)
+    buffers.mul_(before).mul_(momentum)  # γ (s_t + λ̃)(μ_t − μ_{t−1})
+    _add_scaled_(buffers, step, -lr)
+    buffers.div_(_add(s, prior_tilde))  # (18): the buffer now holds μ_{t+1} − μ_t
+    mu.add_(buffers)
 
 
 def ivon_update_(

@@ -1,0 +1,249 @@
+"""``ngvi active``: NNG §5.3, Table 3: active learning by largest predictive variance against random choice.
+
+Protocol (Zhang et al. 2018, §5.3, "following the protocol of Hernández-Lobato & Adams (2015)", PBP §5):
+each trial splits a UCI set at random into 20 labelled training points, 100 test points and a pool of the
+rest. Each round fits the model to the labelled points, and then one pool point is labelled and added:
+the one of largest predictive variance (A, the information-gain criterion for Gaussian noise, MacKay 1992)
+or one at random (R, the control). After the last round the test RMSE (original units) is recorded; the
+table reports its mean ± s.e. over trials. Every method, HMC included (pyro's NUTS), targets the posterior of
+:mod:`ngvi.experiments.hmc.protocol`.
+
+Deviations for budget (stated in the results README): inputs and targets keep the standardisation of the
+first 20 points throughout a trial; after the first fit every round continues from the previous round's
+posterior (``refit_steps`` more steps for the variational methods; NUTS chains start at the previous
+round's last draws and warm up again, for ``warmup`` iterations; the first round, from prior draws, warms up
+for twice that), instead of refitting from scratch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ngvi import metrics
+
+from .core import args as arg_types
+from .core.methods import METHODS as REGISTRY
+from .core.report import figure, fmt_mean_se, markdown_table, mean_se, save_figure
+from .core.runner import Experiment, Job, Run
+from .hmc import protocol
+from .hmc.experiment import add_budget_arguments, budget_of, method_argument
+from .hmc.protocol import ACTIVE_BUDGET, Budget, Standardised
+from .hmc.published import PAPER_COLUMN, TABLE3
+from .hmc.report import SHORT, label
+
+STRATEGIES = ("R", "A")
+
+
+def _label(name: str) -> str:
+    return "HMC (NUTS)" if name == "hmc" else label(name)
+
+
+class Active(Experiment):
+    name = "active"
+    help = "NNG Table 3: active learning (max predictive variance vs random) on UCI, test RMSE, with HMC"
+    default_out = "runs/active"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        method_argument(parser)
+        parser.add_argument(
+            "--hmc", choices=["yes", "no"], default="yes", help="also run HMC (pyro NUTS) as a method (yes)"
+        )
+        parser.add_argument("--trials", type=arg_types.positive_int, default=10, help="trials per set (10)")
+        parser.add_argument(
+            "--rounds",
+            type=arg_types.positive_int,
+            default=10,
+            help="points labelled after the first fit (10)",
+        )
+        parser.add_argument(
+            "--refit-steps",
+            type=arg_types.positive_int,
+            default=ACTIVE_BUDGET.refit_steps,
+            help=f"steps after each added point, from the last fit (default {ACTIVE_BUDGET.refit_steps})",
+        )
+        add_budget_arguments(parser, ACTIVE_BUDGET)
+
+    def config(self, args: argparse.Namespace) -> dict[str, Any]:
+        budget = budget_of(args, refit_steps=args.refit_steps)
+        return {
+            "budget": asdict(budget),
+            "rounds": 2 if args.quick else args.rounds,
+            "initial": 20,
+            "test": 100,
+            "seed": args.seed,
+            "model": {
+                "hidden": protocol.HIDDEN,
+                "prior_prec": protocol.PRIOR_PREC,
+                "noise_prec": protocol.NOISE_PREC,
+            },
+        }
+
+    def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
+        config = self.config(args)
+        methods = (["hmc"] if args.hmc == "yes" else []) + list(args.methods)
+        return [
+            Job(
+                f"{method}/{dataset}/{trial}/{strategy}",
+                {
+                    "method": method,
+                    "dataset": dataset,
+                    "trial": trial,
+                    "strategy": strategy,
+                    "data_dir": args.data_dir,
+                    **config,
+                },
+            )
+            for trial in range(args.trials)  # trial-major: a run stopped early has every set's first trials
+            for dataset in args.datasets
+            for method in methods
+            for strategy in STRATEGIES
+        ]
+
+    def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        budget = Budget(**spec["budget"])
+        x, y = protocol.load(spec["dataset"], spec["data_dir"])
+        seed = spec["seed"] * 1000 + spec["trial"]
+        labelled, test, pool = protocol.subset_indices(len(x), (spec["initial"], spec["test"], -1), seed)
+        labelled, pool = list(labelled), list(pool)
+        scaler = Standardised.of(x[labelled], y[labelled]).scaler  # fixed for the whole trial
+        x_all = torch.as_tensor(scaler.transform_x(x), dtype=torch.float32)
+        y_all = torch.as_tensor(scaler.transform_y(y), dtype=torch.float32).unsqueeze(1)
+        y_test = torch.as_tensor(y[test], dtype=torch.float64)
+        pick = np.random.default_rng([seed, 7])
+        learner = _Learner(spec["method"], x.shape[1], budget, seed)
+        rmse, chosen, seconds = [], [], 0.0
+        for round_ in range(spec["rounds"] + 1):
+            data = Standardised(x_all[labelled], y_all[labelled], scaler)
+            start = time.perf_counter()
+            learner.fit(data, first=round_ == 0)
+            seconds += time.perf_counter() - start
+            f_test = learner.predict(x_all[test])
+            rmse.append(metrics.rmse(scaler.inverse_y(f_test.mean(0).double()), y_test))
+            if round_ == spec["rounds"]:
+                break
+            if spec["strategy"] == "A":
+                index = int(learner.predict(x_all[pool]).var(0).argmax())
+            else:
+                index = int(pick.integers(len(pool)))
+            chosen.append(int(pool[index]))
+            labelled.append(pool.pop(index))
+        return {"rmse": rmse[-1], "rmse_curve": rmse, "chosen": chosen, "seconds": seconds, **learner.info}
+
+    def report(self, args: argparse.Namespace, run: Run) -> None:
+        write_report(args, run, (["hmc"] if args.hmc == "yes" else []) + list(args.methods))
+
+
+class _Learner:
+    """One method through the rounds: a variational trainer continued, or NUTS restarted from its draws."""
+
+    def __init__(self, name: str, n_inputs: int, budget: Budget, seed: int):
+        self.name, self.budget, self.seed, self.n_inputs = name, budget, seed, n_inputs
+        self.model: Any = None
+        self.trainer: Any = None
+        self.posterior: Any = None
+        self.info: dict[str, Any] = {}
+
+    def fit(self, data: Standardised, first: bool) -> None:
+        n = data.x.shape[0]
+        if self.name == "hmc":
+            # the first round starts at prior draws and warms up twice as long; later rounds continue from
+            # the previous round's last draws (one point more: the posterior moved little)
+            init = None if first else self.posterior.draws[:, -1]
+            budget = replace(self.budget, warmup=2 * self.budget.warmup) if first else self.budget
+            self.posterior = protocol.nuts(data, budget, self.seed + 7919 * n, init_from=init)
+            stats = self.posterior.summary()
+            self.info["max_weight_r_hat"] = max(self.info.get("max_weight_r_hat", 0.0), stats["max_r_hat"])
+            self.info["divergences"] = self.info.get("divergences", 0) + sum(stats["divergences"])
+            return
+        if first:
+            self.model, self.trainer = protocol.build(self.name, self.n_inputs, n, self.seed)
+        for group in self.trainer.param_groups:
+            if "data_size" in group:
+                group["data_size"] = n  # the posterior of the grown data set (N scales the likelihood)
+        protocol.train_vi(
+            self.model, self.trainer, data, self.budget.steps if first else self.budget.refit_steps
+        )
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        if self.name == "hmc":
+            return self.posterior.predict(x)[..., 0]
+        return protocol.vi_predictions(self.model, self.trainer, self.name, x, protocol.PREDICT_SAMPLES)
+
+
+def _rmse(runs: dict[str, Any], method: str, dataset: str, strategy: str, trials: int) -> dict[int, float]:
+    return {t: runs[k]["rmse"] for t in range(trials) if (k := f"{method}/{dataset}/{t}/{strategy}") in runs}
+
+
+def write_report(args: argparse.Namespace, run: Run, methods: list[str]) -> None:
+    runs, config = run.results["runs"], run.results["config"]
+    text = [
+        "# NNG Table 3: test RMSE after active learning (R: random choice, A: largest predictive variance)\n",
+        f"{config['initial']} initial labelled points, {config['test']} test points, the rest a pool; "
+        f"{config['rounds']} points added one at a time; {args.trials} trial(s) per set, mean ± s.e. of the "
+        f"final test RMSE (original units). Budget: {config['budget']}. Paper: Zhang et al. 2018, Table 3.\n",
+    ]
+    header = ["data set"]
+    for m in methods:  # the paper's columns: NNG-FFG = noisy Adam, NNG-MVG = noisy K-FAC
+        header += [f"{_label(m)} R", f"{_label(m)} A"]
+    rows, better = [], {m: [0, 0] for m in methods}
+    for d in args.datasets:
+        row = [SHORT[d]]
+        for m in methods:
+            values = {s: _rmse(runs, m, d, s, args.trials) for s in STRATEGIES}
+            row += [fmt_mean_se(*mean_se(values[s].values())[:2]) if values[s] else "–" for s in STRATEGIES]
+            if values["R"] and values["A"]:
+                better[m][1] += 1
+                better[m][0] += mean_se(values["A"].values())[0] < mean_se(values["R"].values())[0]
+        rows.append(row)
+    text.append(markdown_table(header, rows))
+    text.append(
+        "\nA below R (active learning helped) on: "
+        + ", ".join(f"{_label(m)} {a}/{n}" for m, (a, n) in better.items() if n)
+        + " sets.\n"
+    )
+    paper_header = ["data set", *TABLE3]
+    paper_rows = [
+        [SHORT[d], *[f"{TABLE3[c][d][0]:.3f} ± {TABLE3[c][d][1]:.3f}" for c in TABLE3]] for d in args.datasets
+    ]
+    text.append("\nThe paper's Table 3 (its model, HMC and budgets; PBP is Hernández-Lobato & Adams 2015):\n")
+    text.append(markdown_table(paper_header, paper_rows))
+    secs = [
+        [_label(m), f"{np.mean(v):.0f}", str(len(v))]
+        for m in methods
+        if (v := [r["seconds"] for k, r in runs.items() if k.startswith(f"{m}/")])
+    ]
+    text.append("\nSeconds per job (all rounds of one method, set, trial and strategy)\n")
+    text.append(markdown_table(["method", "seconds", "jobs"], secs))
+    (run.out / "table.md").write_text("\n".join(text))
+    print((run.out / "table.md").read_text())
+    _curves(runs, methods, args.datasets, args.trials, run.out / "curves.png")
+    print(f"wrote {run.out / 'table.md'}, curves.png and results.json")
+
+
+def _curves(runs: dict[str, Any], methods: list[str], datasets: list[str], trials: int, path: Any) -> None:
+    """Test RMSE after each round, mean over trials, per set: solid A, dashed R (NNG-FFG = noisy Adam,
+    NNG-MVG = noisy K-FAC)."""
+    cols = min(4, len(datasets))
+    fig, axes = figure(len(datasets), cols=4, size=(max(3.4, 10.0 / cols), 2.8))  # room for the legend
+    colours = {m: f"C{i}" for i, m in enumerate(methods)}
+    for ax, d in zip(axes, datasets, strict=True):
+        for m in methods:
+            for s, style in (("A", "-"), ("R", "--")):
+                curves = [runs[k]["rmse_curve"] for t in range(trials) if (k := f"{m}/{d}/{t}/{s}") in runs]
+                if curves:
+                    short = PAPER_COLUMN.get(m) or REGISTRY[m].label  # compact legend entries
+                    ax.plot(np.mean(curves, 0), style, color=colours[m], lw=1.2, label=f"{short} {s}")
+        ax.set_title(SHORT[d], fontsize=9)
+        ax.set_xlabel("points added", fontsize=8)
+        ax.set_ylabel("test RMSE (target units)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    save_figure(fig, path, legend_from=axes[0])
+
+
+EXPERIMENT = Active()

@@ -1,0 +1,143 @@
+"""``ngvi hmc``: NNG §5.3, Table 4: how well each method's predictive variances match HMC's.
+
+Protocol (Zhang et al. 2018, §5.3): in each trial, 20 labelled training points and 100 unlabelled points
+are drawn at random from a UCI data set; every method fits the 20 points and predicts the 100; the Pearson
+correlation between its predictive variances and those of HMC (here pyro's NUTS) over the 100 points is
+the score; 10 trials per set, mean ± s.e. The model and each method's settings are in :mod:`.protocol`.
+One job is one (data set, trial): NUTS and every method on the same points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ..core import args as arg_types
+from ..core.runner import Experiment, Job, Run
+from ..data.uci import uci_name
+from . import protocol
+from .protocol import DATASETS, Budget, Standardised
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget) -> None:
+    """--steps, --chains, --warmup, --samples, --tree-depth (defaults from ``budget``) and --quick."""
+    for flag, field, text in (
+        ("--steps", "steps", "full-batch steps of each variational method"),
+        ("--chains", "chains", "NUTS chains"),
+        ("--warmup", "warmup", "NUTS warm-up iterations per chain"),
+        ("--samples", "samples", "NUTS draws kept per chain"),
+        ("--tree-depth", "tree_depth", "NUTS maximum tree depth (at most 2^depth leapfrog steps a draw)"),
+    ):
+        default = getattr(budget, field)
+        parser.add_argument(
+            flag, type=arg_types.positive_int, default=default, help=f"{text} (default {default})"
+        )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny budgets (for tests)")
+    parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
+    parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
+
+
+def budget_of(args: argparse.Namespace, **extra: int) -> Budget:
+    if args.quick:
+        return Budget.quick()
+    return Budget(
+        steps=args.steps,
+        chains=args.chains,
+        warmup=args.warmup,
+        samples=args.samples,
+        tree_depth=args.tree_depth,
+        **extra,
+    )
+
+
+def method_argument(parser: argparse.ArgumentParser) -> None:
+    names = protocol.available_methods()
+    parser.add_argument(
+        "--methods",
+        type=arg_types.names(names),
+        default=names,
+        help=f"comma-separated subset of: {', '.join(names)} (default: all)",
+    )
+    parser.add_argument(
+        "--datasets",
+        type=arg_types.names(DATASETS, aliases=uci_name),
+        default=list(DATASETS),
+        help="comma-separated UCI sets of NNG Tables 3-4 (boston, naval, power, wine, ...; default: all 8)",
+    )
+
+
+class HMC(Experiment):
+    name = "hmc"
+    help = "NNG Table 4: correlation of each method's predictive variances with HMC's (pyro NUTS) on UCI"
+    default_out = "runs/hmc"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        method_argument(parser)
+        parser.add_argument("--trials", type=arg_types.positive_int, default=10, help="trials per set (10)")
+        parser.add_argument("--train", type=arg_types.positive_int, default=20, help="labelled points (20)")
+        parser.add_argument(
+            "--unlabelled", type=arg_types.positive_int, default=100, help="unlabelled points (100)"
+        )
+        add_budget_arguments(parser, Budget())
+
+    def config(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {
+            "budget": asdict(budget_of(args)),
+            "train": args.train,
+            "unlabelled": args.unlabelled,
+            "seed": args.seed,
+            "model": {
+                "hidden": protocol.HIDDEN,
+                "prior_prec": protocol.PRIOR_PREC,
+                "noise_prec": protocol.NOISE_PREC,
+            },
+        }
+
+    def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
+        """NUTS once per (data set, trial), and each method on the same points: a method added later (a
+        rerun with more --methods and the same --out) trains only itself against the cached NUTS runs."""
+        config = self.config(args)
+        return [
+            Job(
+                f"{method}/{dataset}/{trial}",
+                {"method": method, "dataset": dataset, "trial": trial, "data_dir": args.data_dir, **config},
+            )
+            for trial in range(args.trials)  # trial-major: a run stopped early has every set's first trials
+            for dataset in args.datasets
+            for method in ["hmc", *args.methods]
+        ]
+
+    def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        budget = Budget(**spec["budget"])
+        x, y = protocol.load(spec["dataset"], spec["data_dir"])
+        seed = spec["seed"] * 1000 + spec["trial"]
+        train, unlabelled = protocol.subset_indices(len(x), (spec["train"], spec["unlabelled"]), seed)
+        data = Standardised.of(x[train], y[train])
+        x_eval = data.inputs(x[unlabelled])
+        start = time.perf_counter()
+        name = spec["method"]
+        if name == "hmc":
+            post = protocol.nuts(data, budget, seed)
+            out_stats = post.output_diagnostics(x_eval)
+            return {
+                **post.summary(),
+                "seconds_total": time.perf_counter() - start,
+                "output_max_r_hat": float(out_stats["r_hat"].max()),
+                "output_min_ess": float(out_stats["ess"].min()),
+                "output_median_ess": float(out_stats["ess"].median()),
+                "variance": post.predict(x_eval)[..., 0].var(0).tolist(),
+            }
+        model, trainer = protocol.build(name, x_eval.shape[1], len(train), seed)
+        seconds = protocol.train_vi(model, trainer, data, budget.steps)
+        var = protocol.vi_predictions(model, trainer, name, x_eval, protocol.PREDICT_SAMPLES).var(0)
+        return {"seconds": seconds, "variance": var.tolist()}
+
+    def report(self, args: argparse.Namespace, run: Run) -> None:
+        from .report import write_report
+
+        write_report(args, run, self.jobs(args, run))
+
+
+EXPERIMENT = HMC()

@@ -1,0 +1,99 @@
+"""The NUTS reference (pyro-ppl's sampler) against the analytic posterior of Bayesian linear regression.
+
+Tolerance: a Monte Carlo estimate of E[g(θ)] from correlated draws has standard error sd(g)/√ESS(g). We
+estimate ESS(g) with pyro's own estimator (``pyro.ops.stats.effective_sample_size``, over both chains) for
+each g we check: θᵢ for the mean, and (θᵢ − μᵢ)(θⱼ − μⱼ) for the covariance (centred on the exact mean, so
+its expectation is Σᵢⱼ exactly; the ESS of a second moment is usually far below that of the mean under NUTS,
+so each entry gets its own). Every entry must lie within 4 standard errors: for 3 means and 6 covariance
+entries that fails by chance with probability below 10⁻³ (normal tails), and the run is seeded.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from ngvi.baselines import exact
+from ngvi.baselines.nuts import PYRO_MISSING, nuts_posterior
+
+pyro_stats = pytest.importorskip("pyro.ops.stats")
+
+Z = 4.0
+
+
+@pytest.fixture(scope="module")
+def linear_problem():
+    g = torch.Generator().manual_seed(3)
+    n, d = 40, 3
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    X[:, 2] = 0.8 * X[:, 1] + 0.6 * X[:, 2]  # correlated inputs: a posterior with off-diagonal covariance
+    w = torch.tensor([1.0, -0.5, 0.3], dtype=torch.float64)
+    y = X @ w + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    noise_prec, prior_prec = 4.0, 2.0
+    model = torch.nn.Linear(d, 1, bias=False).double()
+    post = nuts_posterior(
+        model, X, y, prior_prec=prior_prec, noise_prec=noise_prec, num_samples=500, warmup=250, chains=2
+    )
+    mean, cov = exact.linear_regression_posterior(X, y, noise_prec, prior_prec)
+    return post, mean, cov
+
+
+def _mc_error(series: torch.Tensor) -> torch.Tensor:
+    """Standard error of the mean of ``series`` [chains, samples, ...] from its sd and pyro's ESS."""
+    ess = pyro_stats.effective_sample_size(series, chain_dim=0, sample_dim=1)
+    return series.reshape(-1, *series.shape[2:]).std(0) / ess.sqrt()
+
+
+def test_nuts_matches_the_exact_linear_regression_posterior(linear_problem):
+    post, mean, cov = linear_problem
+    draws = post.draws  # [2, 500, 3]
+    assert draws.shape == (2, 500, 3)
+    # chains mixed: R-hat near 1, no divergent transitions, plenty of effective draws
+    assert float(post.r_hat.max()) < 1.02 and sum(post.divergences) == 0
+    assert float(post.ess.min()) > 300
+    mean_err = _mc_error(draws)
+    assert ((post.mean - mean).abs() <= Z * mean_err).all(), (post.mean - mean) / mean_err
+    centred = draws - mean
+    products = centred.unsqueeze(-1) * centred.unsqueeze(-2)  # [2, 500, 3, 3]
+    cov_hat = products.reshape(-1, 3, 3).mean(0)
+    cov_err = _mc_error(products)
+    assert ((cov_hat - cov).abs() <= Z * cov_err).all(), (cov_hat - cov) / cov_err
+    # the check has teeth: the mean-field covariance (exact diagonal precision) is far outside it
+    mean_field = torch.diag(1.0 / torch.diagonal(torch.linalg.inv(cov)))
+    assert ((mean_field - cov).abs() > Z * cov_err).any()
+
+
+def test_predictions_and_their_diagnostics(linear_problem):
+    post = linear_problem[0]
+    x = torch.eye(3, dtype=torch.float64)  # f(e_i) = w_i: the predictions are the weights themselves
+    out = post.predict(x)
+    assert out.shape == (1000, 3, 1)
+    torch.testing.assert_close(out[..., 0], post.flat)
+    stats = post.output_diagnostics(x, thin=2)
+    assert stats["r_hat"].shape == (3, 1) and float(stats["r_hat"].max()) < 1.02
+    summary = post.summary()
+    assert summary["chains"] == 2 and len(summary["seconds"]) == 2 and summary["max_r_hat"] < 1.02
+
+
+def test_bad_arguments_are_named():
+    model = torch.nn.Linear(2, 1)
+    x, y = torch.randn(5, 2), torch.randn(5)
+    with pytest.raises(ValueError, match="exactly one of noise_prec"):
+        nuts_posterior(model, x, y, prior_prec=1.0)
+    with pytest.raises(ValueError, match="chains must be a positive integer"):
+        nuts_posterior(model, x, y, prior_prec=1.0, noise_prec=1.0, chains=0)
+    with pytest.raises(ValueError, match="prior_prec"):
+        nuts_posterior(model, x, y, prior_prec=-1.0, noise_prec=1.0)
+    with pytest.raises(ValueError, match="finite"):
+        nuts_posterior(model, x, y * float("nan"), prior_prec=1.0, noise_prec=1.0)
+
+
+def test_without_pyro_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyro", None)  # import pyro now raises ModuleNotFoundError
+    with pytest.raises(ModuleNotFoundError, match=r"pip install \"ngvi\[experiments\]\"") as err:
+        nuts_posterior(
+            torch.nn.Linear(2, 1), torch.randn(4, 2), torch.randn(4), prior_prec=1.0, noise_prec=1.0
+        )
+    assert str(err.value) == PYRO_MISSING and "\n" not in PYRO_MISSING

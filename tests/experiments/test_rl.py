@@ -1,0 +1,139 @@
+"""`ngvi rl`: DDPG's pieces against hand computations, the sampled actor restored to μ, the variants'
+update rules, and a tiny Pendulum run through the CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import ngvi
+from ngvi.experiments.cli import main
+from ngvi.experiments.rl import ddpg
+from ngvi.experiments.rl.variants import VARIANTS, ExplorationVadam, SeparateGaussian
+
+gym = pytest.importorskip("gymnasium")
+
+
+def agent(variant: str = "vadam", seed: int = 0) -> ddpg.DDPG:
+    return ddpg.DDPG(3, 1, 2.0, VARIANTS[variant].build, seed)
+
+
+def test_polyak_update_of_both_targets_matches_a_hand_computation():
+    a = agent()
+    with torch.no_grad():  # move the online networks away from their targets
+        for p in [*a.actor.parameters(), *a.critic.parameters()]:
+            p.add_(torch.randn_like(p))
+    online = [p.detach().clone() for p in [*a.actor.parameters(), *a.critic.parameters()]]
+    target = [p.detach().clone() for p in [*a.actor_target.parameters(), *a.critic_target.parameters()]]
+    a.update_targets()
+    tau = a.config.tau
+    after = [*a.actor_target.parameters(), *a.critic_target.parameters()]
+    for new, old, src in zip(after, target, online, strict=True):
+        torch.testing.assert_close(new, (1 - tau) * old + tau * src, rtol=1e-6, atol=1e-7)
+    assert all(
+        torch.equal(p, q)
+        for p, q in zip([*a.actor.parameters(), *a.critic.parameters()], online, strict=True)
+    )
+
+
+@pytest.mark.parametrize("variant", ["vadagrad", "vadam", "sgd_explore", "adam_explore"])
+def test_the_actor_acts_with_a_sample_and_is_restored_to_mu(variant):
+    a = agent(variant)
+    mu = [p.detach().clone() for p in a.actor.parameters()]
+    obs = np.array([0.3, -0.2, 0.5], dtype=np.float32)
+    with a.policy.sampled_params():
+        theta = [p.detach().clone() for p in a.actor.parameters()]
+        action = a.act(obs)
+    assert all(not torch.equal(t, m) for t, m in zip(theta, mu, strict=True))  # θ ≠ μ: it explores
+    assert all(torch.equal(p, m) for p, m in zip(a.actor.parameters(), mu, strict=True))  # μ back, bitwise
+    sampled = copy.deepcopy(a.actor)
+    with torch.no_grad():
+        for p, t in zip(sampled.parameters(), theta, strict=True):
+            p.copy_(t)
+        np.testing.assert_array_equal(action, sampled(torch.as_tensor(obs)[None])[0].numpy())
+    with pytest.raises(RuntimeError, match="boom"), a.policy.sampled_params():
+        raise RuntimeError("boom")
+    assert all(torch.equal(p, m) for p, m in zip(a.actor.parameters(), mu, strict=True))
+
+
+def test_a_learning_step_updates_the_target_actor_from_mu_not_from_the_sample():
+    env = gym.make("Pendulum-v1")
+    a = agent("vadam")
+    buffer = ddpg.make_buffer(env, 1000)
+    obs, _ = env.reset(seed=0)
+    for _ in range(a.config.batch_size):  # fill one minibatch: no learning yet, the targets stay
+        obs, _, _ = ddpg.train_step(a, env, buffer, obs)
+    assert a.policy.num_steps == 0
+    target = [p.detach().clone() for p in a.actor_target.parameters()]
+    ddpg.train_step(a, env, buffer, obs)
+    assert a.policy.num_steps == 1
+    tau = a.config.tau
+    for new, old, mu in zip(a.actor_target.parameters(), target, a.actor.parameters(), strict=True):
+        torch.testing.assert_close(new, (1 - tau) * old + tau * mu.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_exploration_vadam_steps_as_vadam_with_n_1_and_samples_with_precision_s_plus_lambda_plus_c():
+    torch.manual_seed(0)
+    mu0 = torch.randn(5)
+    direction = torch.randn(5)  # F(θ) = direction·θ: the gradient is the same at every sample
+    w1, w2 = mu0.clone().requires_grad_(), mu0.clone().requires_grad_()
+    explore = ExplorationVadam([w1], lr=0.1, seed=1)
+    plain = ngvi.Vadam([w2], data_size=1, lr=0.1, prior_prec=1e-8, init_prec=None, seed=2)
+    for _ in range(4):
+        for opt, w in ((explore, w1), (plain, w2)):
+            with opt.sampled_params(train=True):
+                opt.zero_grad()
+                (direction * w).sum().backward()
+            opt.step()
+    torch.testing.assert_close(w1, w2, rtol=0, atol=0)  # the same μ: c changes only the sampling
+    s = explore.state[w1]["exp_avg_sq"]
+    torch.testing.assert_close(explore.posterior().variance[0], 1 / (s + 1e-8 + 1e4))
+    torch.testing.assert_close(plain.posterior().variance[0], 1 / (s + 1e-8))
+
+
+def test_separate_gaussian_hands_the_reparameterisation_gradients_to_mean_and_variance():
+    w = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    vo = SeparateGaussian([w], lambda p: torch.optim.SGD(p, lr=0.1), lambda p: torch.optim.SGD(p, lr=0.01),
+                          init_prec=4.0, seed=0)  # fmt: skip
+    with vo.sampled_params(train=True):
+        vo.zero_grad()
+        theta = w.detach().clone()
+        (0.5 * w.square()).sum().backward()  # F(θ) = ½‖θ‖²: ∂F/∂θ = θ
+    eps = (theta - torch.tensor([0.5, -1.0, 2.0])) / 0.5  # σ = 1/√4
+    torch.testing.assert_close(w.grad, theta)  # ∇_μ = ĝ
+    torch.testing.assert_close(vo.var[0].grad, theta * eps / (2 * 0.5))  # ∇_σ² = ĝ ε / (2σ)
+    vo.step()
+    torch.testing.assert_close(w.detach(), torch.tensor([0.5, -1.0, 2.0]) - 0.1 * theta)
+    assert bool((vo.var[0] >= vo.min_var).all())
+
+
+def test_rl_quick_on_pendulum_through_the_cli(tmp_path):
+    out = tmp_path / "rl"
+    args = [
+        "rl",
+        "--quick",
+        "--variants",
+        "vadam,adam_plain",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        "--jobs",
+        "1",
+    ]
+    assert main(args) == 0
+    png = (out / "rl.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "| Vadam |" in (out / "table.md").read_text()
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert set(runs) == {"vadam/seed0", "adam_plain/seed0"}
+    for r in runs.values():
+        assert r["step"] == [0, 150, 300]
+        # a Pendulum episode is 200 steps of reward in [−16.3, 0]
+        assert all(-16.3 * 200 <= x <= 0 for x in r["test_return"])
+    assert runs["vadam/seed0"]["median_search_std"][-1] < 1e-2  # 1/√(s + λ + c) ≤ 1/√c
+    assert runs["adam_plain/seed0"]["median_search_std"] == [None, None]

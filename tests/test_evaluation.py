@@ -1,0 +1,101 @@
+"""ngvi.evaluate_classifier and ngvi.predict(vectorize=True): against direct computations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+import ngvi
+from ngvi import metrics
+from ngvi.baselines import MAP, MCDropout
+
+
+def trained(cls=ngvi.Vadam, seed: int = 0, **kwargs):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    opt = cls(model if cls in (ngvi.VOGN, ngvi.NoisyKFAC) else model.parameters(), 32, seed=seed, **kwargs)
+    for _ in range(5):
+
+        def closure():
+            opt.zero_grad()
+            out = model(x)
+            loss = nn.functional.cross_entropy(out, y)
+            opt.backward(loss, out)
+            return loss
+
+        opt.step(closure)
+    return model, opt, x, y
+
+
+@pytest.mark.parametrize("cls", [ngvi.Vadam, ngvi.VOGN, ngvi.NoisyKFAC, ngvi.IVON])
+def test_vectorized_samples_are_the_posterior_draws_through_the_model(cls):
+    """vectorize=True evaluates posterior().sample(S, generator) in one vmap: the same outputs as a loop of
+    functional calls on those draws."""
+    model, opt, x, _ = trained(cls, init_prec=50.0) if cls in (ngvi.Vadam, ngvi.VOGN) else trained(cls)
+    out = ngvi.predict(model, opt, x, 6, vectorize=True, chunk=4, generator=torch.Generator().manual_seed(5))
+    post, gen = opt.posterior(), torch.Generator().manual_seed(5)
+    names = [n for n, _ in model.named_parameters()]
+    draws = post.sample(4, generator=gen), post.sample(2, generator=gen)  # the chunks, in order
+    loop = [
+        functional_call(model, {n: d[s] for n, d in zip(names, chunk, strict=True)}, (x,))
+        for chunk in draws
+        for s in range(chunk[0].shape[0])
+    ]
+    torch.testing.assert_close(out, torch.stack(loop))
+    assert out.shape == (6, 32, 3) and out.std(0).mean() > 0  # the samples differ
+
+
+def test_vectorized_point_estimate_and_dropout_masks():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.randn(5, 4)
+    same = ngvi.predict(model, MAP(model, 10), x, 4, vectorize=True)
+    assert same.shape == (4, 5, 3) and torch.equal(same[0], same[3])
+    dropped = nn.Sequential(nn.Dropout(0.5), nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))
+    opt = MCDropout(dropped, 10)
+    dropped.eval()
+    out = ngvi.predict(dropped, opt, x, 7, vectorize=True, chunk=3)
+    assert out.shape == (7, 5, 3) and out.std(0).min() > 0  # a fresh mask per sample and point
+    assert not dropped[0].training  # dropout is off again outside the sample
+    with pytest.raises(ValueError, match="vectorize"):
+        ngvi.predict(dropped, opt, x, 2, vectorize=True, linearized=True)
+    with pytest.raises(ValueError, match="chunk"):
+        ngvi.predict(dropped, opt, x, 2, vectorize=True, chunk=0)
+
+
+def test_evaluate_classifier_is_the_metrics_of_the_averaged_probabilities():
+    model, opt, x, y = trained(ngvi.Vadam, init_prec=50.0)
+    torch.manual_seed(1)
+    ev = ngvi.evaluate_classifier(model, opt, x, y, samples=8, batch_size=10, vectorize=True)
+    torch.manual_seed(1)  # the same draws, batch by batch: the BMA by hand
+    probs = torch.cat(
+        [
+            metrics.predictive_probs(ngvi.predict(model, opt, x[i : i + 10], 8, vectorize=True))
+            for i in range(0, 32, 10)
+        ]
+    )
+    torch.testing.assert_close(ev.probs_bma, probs)
+    torch.testing.assert_close(ev.probs_mean, torch.softmax(model(x).double(), -1))
+    picked = probs[torch.arange(32), y]
+    assert ev.bma["nll"] == pytest.approx(float(-picked.log().mean()), rel=1e-12)
+    assert ev.bma["accuracy"] == metrics.accuracy(probs, y)
+    assert ev.bma["ece"] == metrics.ece(probs, y, 15) and ev.bma["brier"] == metrics.brier(probs, y)
+    assert ev.reliability["bma"]["count"].sum() == 32 and ev.samples == 8
+    # the default loop over the optimizer's own noise: same metric definitions, other draws
+    loop = ngvi.evaluate_classifier(model, opt, x, y, samples=8)
+    assert loop.mean == ev.mean and 0 <= loop.bma["ece"] <= 1
+    with pytest.raises(ValueError, match="labels"):
+        ngvi.evaluate_classifier(model, opt, x, y[:-1])
+    with pytest.raises(ValueError, match="samples"):
+        ngvi.evaluate_classifier(model, opt, x, y, samples=0)
+
+
+def test_point_estimates_are_evaluated_once():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    x, y = torch.randn(9, 4), torch.randint(0, 3, (9,))
+    ev = ngvi.evaluate_classifier(model, MAP(model, 9), x, y, samples=16)
+    assert ev.bma == ev.mean and ev.samples == 16

@@ -11,6 +11,9 @@ All scenarios run in one spawn of 2 processes (spawning dominates the cost).
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -145,14 +148,30 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
             results["independent_sample"] = [p.detach().clone() for p in model.parameters()]
         train("vadam", model, opt, xs, ys, STEPS)
         results["independent"] = snapshot(model, opt)
-        torch.save(results, f"{out}.rank{rank}")
+        torch.save(results, f"{out}.rank{rank}.part")
+        os.replace(f"{out}.rank{rank}.part", f"{out}.rank{rank}")  # present means complete
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Skip interpreter finalisation: gloo's worker threads can abort the process there (SIGABRT, "terminate
+    # called without an active exception"; pytorch/pytorch#179291), seen once in CI after a passing run.
+    os._exit(0)
+
+
+def _spawn(out: str, store: str) -> None:
+    """Two ranks; a rank killed by a signal *after* writing its complete result is a teardown crash inside
+    torch, reported as a warning, not a failure of the semantics under test."""
+    try:
+        mp.spawn(_worker, args=(2, store, out), nprocs=2, join=True)
+    except mp.ProcessExitedException as err:
+        if err.signal_name is None or not all(os.path.exists(f"{out}.rank{r}") for r in range(2)):
+            raise
+        warnings.warn(f"a rank crashed in torch.distributed teardown after finishing: {err}", stacklevel=2)
 
 
 def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
     out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), out), nprocs=2, join=True)
+    _spawn(out, str(tmp_path / "store"))
     ranks = [torch.load(f"{out}.rank{r}", weights_only=True) for r in range(2)]
     x, y = data(2)
 

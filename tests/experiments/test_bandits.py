@@ -129,3 +129,32 @@ def test_bad_arguments_and_missing_data_are_one_line(tmp_path, capsys):
     assert main(["bandits", "--datasets", "jester", "--out", str(tmp_path / "j")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not available offline" in err and "--user-data-dir" in err
+
+
+def test_report_only_compares_a_problem_on_the_runs_every_agent_finished(tmp_path, capsys):
+    """A stopped run leaves agents with different numbers of runs: the table takes the runs all of a
+    problem's agents finished (paired), says how many, and --report-only runs nothing."""
+
+    def result(score: float) -> dict:
+        return {
+            "normalised_reward": score,
+            "contexts": 300,
+            "curve_rounds": [1, 300],
+            "curve_regret": [0.0, 100 * (1 - score)],
+            "seconds": 1.0,
+            "sessions": 15,
+        }
+
+    runs = {f"mushroom/300/vadam/{r}": result(s) for r, s in enumerate([0.5, 0.7, 0.9])}
+    runs |= {f"mushroom/300/uniform/{r}": result(s) for r, s in enumerate([-1.0, -0.8])}
+    out = tmp_path / "bandits"
+    out.mkdir()
+    config = {"protocol": bp.Protocol().config(), "seed": 0}
+    (out / "results.json").write_text(json.dumps({"config": config, "runs": runs}))
+    argv = ["bandits", "--datasets", "mushroom", "--agents", "vadam,uniform", "--contexts", "300"]
+    assert main([*argv, "--runs", "3", "--report-only", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["runs"] == runs  # nothing ran
+    table = (out / "table.md").read_text()
+    assert "Mushroom: ours (T = 300, 2 runs)" in table
+    assert "| Vadam | **0.60 ± 0.14** |" in table  # runs 0 and 1 only: mean 0.6, std 0.1·√2
+    assert "| Uniform | -0.90 ± 0.14 |" in table

@@ -114,6 +114,12 @@ class Bandits(Experiment):
             help=f"the reduced run CI executes: {QUICK['contexts']} mushroom contexts, {QUICK['runs']} runs, "
             "Vadam, greedy and uniform (other --datasets/--agents/--contexts/--runs are ignored)",
         )
+        parser.add_argument(
+            "--report-only",
+            action="store_true",
+            help="write table.md and regret.png from the runs already in --out's results.json, running none "
+            "(a problem's cells take the runs every agent finished)",
+        )
         parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
         parser.add_argument("--data-dir", default=None, help="ngvi data folder (default: $NGVI_DATA)")
         parser.add_argument(
@@ -147,7 +153,9 @@ class Bandits(Experiment):
             "agents": args.agents,
             "runs": args.runs,
         }
-        out = []
+        out: list[Job] = []
+        if getattr(args, "report_only", False):
+            return out
         for key, dataset, delta in problems(args.datasets, args.deltas):
             contexts = self.n_contexts(args, dataset)
             if dataset in USER_BANDITS and args.user_data_dir is None:

@@ -37,17 +37,25 @@ def fmt_mean_std(values: list[float], digits: int = 2) -> str:
 
 
 def collect(run: Run, experiment: Any, args: argparse.Namespace) -> dict[str, dict[str, list[dict]]]:
-    """problem -> agent -> the finished runs' results (in run order)."""
+    """problem -> agent -> the finished runs' results (in run order). Only the runs that every agent of a
+    problem finished are taken (an agent that has not run a problem at all is left out of it), so a
+    problem's agents are always compared on the same contexts and rewards, also when a run was stopped."""
     from .experiment import job_key, problems
 
     runs = run.results["runs"]
     out: dict[str, dict[str, list[dict]]] = {}
     for key, dataset, _ in problems(args.datasets, args.deltas):
         contexts = experiment.n_contexts(args, dataset)
-        for agent in args.agents:
-            done = [runs[k] for r in range(args.runs) if (k := job_key(key, contexts, agent, r)) in runs]
-            out.setdefault(key, {})[agent] = done
+        keys = {a: {r: job_key(key, contexts, a, r) for r in range(args.runs)} for a in args.agents}
+        present = [a for a in args.agents if any(k in runs for k in keys[a].values())]
+        common = [r for r in range(args.runs) if all(keys[a][r] in runs for a in present)]
+        out[key] = {a: [runs[keys[a][r]] for r in common] if a in present else [] for a in args.agents}
     return out
+
+
+def n_runs(done: dict[str, list[dict]]) -> int:
+    """The number of runs behind a problem's cells (the same for every agent that ran it)."""
+    return max((len(rs) for rs in done.values()), default=0)
 
 
 def _scores(results: list[dict]) -> dict[int, float]:
@@ -69,7 +77,7 @@ def badam_table(done: dict[str, dict[str, list[dict]]], agents: list[str]) -> st
         n = {r["contexts"] for rs in done[p].values() for r in rs}
         t = "/".join(str(x) for x in sorted(n)) or "?"
         paper_t = PAPER_CONTEXTS.get(p, "all")
-        header += [f"{COLUMNS[p]}: ours (T = {t})", f"BADAM (T = {paper_t})"]
+        header += [f"{COLUMNS[p]}: ours (T = {t}, {n_runs(done[p])} runs)", f"BADAM (T = {paper_t}, 10 runs)"]
     cells = {
         p: _bold({a: fmt_mean_std(list(_scores(done[p][a]).values())) for a in agents}, done[p]) for p in cols
     }
@@ -109,7 +117,7 @@ def other_table(done: dict[str, dict[str, list[dict]]], agents: list[str]) -> st
         rows.append(row)
     header = ["agent"]
     for p in cols:
-        header += [f"{p}: normalised reward", f"{p}: regret, % of uniform"]
+        header += [f"{p}: normalised reward ({n_runs(done[p])} runs)", f"{p}: regret, % of uniform"]
     return markdown_table(header, rows)
 
 
@@ -164,7 +172,7 @@ def plot_regret(done: dict[str, dict[str, list[dict]]], agents: list[str], path:
             if len(rs) > 1:
                 std = y.std(0, ddof=1)
                 ax.fill_between(x, mean - std, mean + std, color=colors[a], alpha=0.15, lw=0)
-        ax.set_title(f"{p} ({len(rs)} runs)", fontsize=9)
+        ax.set_title(f"{p} ({n_runs(done[p])} runs)", fontsize=9)
         ax.set_xlabel("round t", fontsize=8)
         ax.set_ylabel("cumulative regret", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -178,8 +186,9 @@ def write_report(experiment: Any, args: argparse.Namespace, run: Run) -> None:
     n_rule = "t × batch size" if protocol.data_size == "rounds_x_batch" else "t (the buffer size)"
     head = (
         "# ngvi bandits: Thompson sampling on contextual bandits (BADAM Table 1, App. D.3)\n\n"
-        "Cumulative reward normalised by the optimal expected reward, mean ± one std over "
-        f"{args.runs} run(s) (ddof = 1). Protocol: each arm pulled {protocol.initial_pulls} times first; "
+        "Cumulative reward normalised by the optimal expected reward, mean ± one std over the runs "
+        "(ddof = 1; their number is in each column's header: run r of every agent of a problem sees the same "
+        "contexts and rewards). Protocol: each arm pulled {protocol.initial_pulls} times first; "
         f"every {protocol.train_every} rounds {protocol.train_steps} minibatches of {protocol.batch_size} "
         f"from the replay buffer; 2 × {protocol.hidden[0]} ReLU; "
         f"lr {protocol.lr}/(1 + {protocol.lr_decay}k) (agents' own lr₀: see README); "

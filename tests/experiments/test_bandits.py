@@ -155,6 +155,6 @@ def test_report_only_compares_a_problem_on_the_runs_every_agent_finished(tmp_pat
     assert main([*argv, "--runs", "3", "--report-only", "--out", str(out)]) == 0
     assert json.loads((out / "results.json").read_text())["runs"] == runs  # nothing ran
     table = (out / "table.md").read_text()
-    assert "Mushroom: ours (T = 300, 2 runs)" in table
+    assert "Mushroom: ours (T = 300, 2 runs)" in table and "each arm pulled 3 times first" in table
     assert "| Vadam | **0.60 ± 0.14** |" in table  # runs 0 and 1 only: mean 0.6, std 0.1·√2
     assert "| Uniform | -0.90 ± 0.14 |" in table

@@ -158,7 +158,9 @@ def plot_regret(done: dict[str, dict[str, list[dict]]], agents: list[str], path:
     problems = [p for p in done if any(done[p].values())]
     if not problems:
         return
-    fig, axes = figure(len(problems), cols=min(3, len(problems)), size=(4.4, 3.4))
+    # one panel: wide enough for the shared legend below it
+    size = (7.2, 4.2) if len(problems) == 1 else (4.4, 3.4)
+    fig, axes = figure(len(problems), cols=min(3, len(problems)), size=size)
     colors = {a: f"C{i}" for i, a in enumerate(AGENTS)}
     for ax, p in zip(axes, problems, strict=True):
         for a in agents:
@@ -188,7 +190,7 @@ def write_report(experiment: Any, args: argparse.Namespace, run: Run) -> None:
         "# ngvi bandits: Thompson sampling on contextual bandits (BADAM Table 1, App. D.3)\n\n"
         "Cumulative reward normalised by the optimal expected reward, mean ± one std over the runs "
         "(ddof = 1; their number is in each column's header: run r of every agent of a problem sees the same "
-        "contexts and rewards). Protocol: each arm pulled {protocol.initial_pulls} times first; "
+        f"contexts and rewards). Protocol: each arm pulled {protocol.initial_pulls} times first; "
         f"every {protocol.train_every} rounds {protocol.train_steps} minibatches of {protocol.batch_size} "
         f"from the replay buffer; 2 × {protocol.hidden[0]} ReLU; "
         f"lr {protocol.lr}/(1 + {protocol.lr_decay}k) (agents' own lr₀: see README); "

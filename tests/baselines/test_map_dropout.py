@@ -166,3 +166,26 @@ def test_mc_dropout_needs_a_model_with_dropout():
         MCDropout(nn.Linear(3, 1), N)
     with pytest.raises(ValueError, match="model"):
         MCDropout(list(nn.Linear(3, 1).parameters()), N)
+
+
+def test_map_and_dropout_follow_a_changed_data_size(data):
+    """A data set that grows (a bandit's replay buffer): a new data_size takes effect at the next step."""
+    x, y = data
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1).double()
+    ref = nn.Linear(3, 1).double()
+    ref.load_state_dict(model.state_dict())
+    opt = MAP(model, 10, lr=1e-2, prior_prec=2.0)
+    adam = torch.optim.Adam(ref.parameters(), lr=1e-2, weight_decay=2.0 / 40)
+    opt.param_groups[0]["data_size"] = 40
+    for _ in range(3):
+        opt.step(_closure(opt, model, x, y))
+        adam.step(_closure(adam, ref, x, y))
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    dropout = _mlp(p=0.2)
+    opt = MCDropout(dropout, 10, prior_prec=2.0)
+    for group in opt.param_groups:
+        group["data_size"] = 40
+    opt.step(_closure(opt, dropout, x, y))
+    assert sorted(g["weight_decay"] for g in opt.param_groups) == pytest.approx([2.0 * 0.8 / 40, 2.0 / 40])

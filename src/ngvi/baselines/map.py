@@ -40,7 +40,8 @@ class MAP(torch.optim.Adam):
         prior_prec: λ of the prior N(0, I/λ); 0 gives plain Adam.
 
     Each group's ``weight_decay`` is derived from its ``prior_prec`` and ``data_size`` when the group is
-    added; ``step(closure)`` is Adam's (the closure zeroes the gradients, returns the mean NLL and calls
+    added and again at every step, so either may change mid-run (a data set that grows, as in a bandit);
+    ``step(closure)`` is Adam's (the closure zeroes the gradients, returns the mean NLL and calls
     ``backward()``).
     """
 
@@ -85,6 +86,15 @@ class MAP(torch.optim.Adam):
             "_prior_defaults": self._prior_defaults,
             "mc_samples": self.mc_samples,
         }
+
+    def step(self, closure: Any = None) -> Any:
+        """Adam's step, with each group's weight decay λ/N read from its current ``prior_prec`` and
+        ``data_size``."""
+        for group in self.param_groups:
+            check.data_size(group["data_size"])
+            check.nonnegative("prior_prec", group["prior_prec"])
+            group["weight_decay"] = self._weight_decay(group)
+        return super().step(closure)
 
     def _weight_decay(self, group: dict[str, Any]) -> float:
         """λ/N: Adam adds weight_decay·θ to the gradient of the mean loss, i.e. the prior's (λ/N)θ."""

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "classify": "vision",
     "hmc": "hmc",
     "active": "active",
+    "bandits": "bandits",
     "list": "listing",
     "prune": "prune",
     "rl": "rl",

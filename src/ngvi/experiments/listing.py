@@ -15,6 +15,8 @@ OTHER_DATA = {
     "fashion-mnist": "OOD set of classify, Debian's dataset-fashion-mnist (data.fashion_mnist)",
     "cifar10": "CIFAR-10 python batches from --cifar-dir, if you have them (data.cifar10)",
     "mushroom, statlog shuttle, adult": "contextual bandits (data.load_bandit)",
+    "wheel": "the wheel bandit of Riquelme et al. 2018, generated (data.wheel_bandit)",
+    "covertype, census, jester, financial": "bandits read from a folder of your own (data.load_user_bandit)",
 }
 
 

@@ -1,5 +1,6 @@
 """Data loaders for the ngvi experiments: UCI regression (Gal & Ghahramani splits), LIBSVM, MNIST, USPS and
-contextual-bandit sets. Nothing is downloaded: files are read from a data folder (``data_dir=`` or the
+contextual-bandit sets (and the generated wheel bandit; covertype, census, jester and financial from
+a folder of your own). Nothing is downloaded: files are read from a data folder (``data_dir=`` or the
 environment variable ``NGVI_DATA``) and checked against sha256 sums embedded in the package.
 ``python -m ngvi.experiments.data.download`` can fetch the files for users with a network.
 """
@@ -13,7 +14,10 @@ from .bandits import (
     load_mushroom_bandit,
     load_shuttle,
     load_shuttle_bandit,
+    wheel_bandit,
+    wheel_quadrant_action,
 )
+from .bandits_user import USER_BANDITS, load_user_bandit
 from .libsvm import (
     LIBSVM_DATASETS,
     BinaryDataset,
@@ -46,6 +50,7 @@ __all__ = [
     "TOY_NOISE_STD",
     "UCI_ALIASES",
     "UCI_DATASETS",
+    "USER_BANDITS",
     "BanditDataset",
     "BinaryDataset",
     "ChecksumError",
@@ -69,6 +74,7 @@ __all__ = [
     "load_shuttle_bandit",
     "load_uci",
     "load_uci_data",
+    "load_user_bandit",
     "load_usps",
     "load_usps_3vs5",
     "load_usps_3vs5_full",
@@ -79,4 +85,6 @@ __all__ = [
     "uci_info",
     "uci_name",
     "verify_file",
+    "wheel_bandit",
+    "wheel_quadrant_action",
 ]

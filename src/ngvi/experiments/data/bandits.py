@@ -21,6 +21,10 @@ Contexts are standardised (mean 0, std 1 over the returned rows; constant column
 contexts are the 6 numeric columns followed by one-hot encodings of the 8 other categorical columns (including
 the income label, as in the reference code; test labels lose their trailing ``.``), 92 columns in all.
 
+**Wheel** (:func:`wheel_bandit`, generated: 2 features, 5 actions; see its docstring). The bandits whose data
+is not in the ngvi data folder (covertype, census, jester, financial) are read from a folder of your own by
+:mod:`.bandits_user`; :func:`load_bandit` dispatches to all of them.
+
 Differences from the reference code, both for stability across subsamples: adult's occupation codes and
 one-hot columns use the categories of the full data set rather than of the sampled rows, so
 ``num_actions = 14`` and ``context_dim = 92`` for every ``num_contexts``.
@@ -28,6 +32,7 @@ one-hot columns use the categories of the full data set rather than of the sampl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,6 +68,13 @@ class BanditDataset:
     opt_actions: np.ndarray
     labels: np.ndarray
     action_names: tuple[str, ...]
+    #: the expected reward of every action [n, k] where it is known (None: the rewards are deterministic)
+    mean_rewards: np.ndarray | None = None
+
+    @property
+    def expected_rewards(self) -> np.ndarray:
+        """``mean_rewards``, or ``rewards`` where the rewards are deterministic."""
+        return self.rewards if self.mean_rewards is None else self.mean_rewards
 
     def __len__(self) -> int:
         return self.contexts.shape[0]
@@ -74,6 +86,20 @@ class BanditDataset:
     @property
     def context_dim(self) -> int:
         return self.contexts.shape[1]
+
+    def head(self, n: int) -> BanditDataset:
+        """The first ``n`` rounds (contexts keep their standardisation over the whole set)."""
+        if not 0 < n <= len(self):
+            raise ValueError(f"n must be in [1, {len(self)}], got {n}")
+        return dataclasses.replace(
+            self,
+            contexts=self.contexts[:n],
+            rewards=self.rewards[:n],
+            opt_rewards=self.opt_rewards[:n],
+            opt_actions=self.opt_actions[:n],
+            labels=self.labels[:n],
+            mean_rewards=None if self.mean_rewards is None else self.mean_rewards[:n],
+        )
 
     def to_torch(
         self, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
@@ -196,6 +222,7 @@ def load_mushroom_bandit(
         opt_actions=opt_actions,
         labels=edible.astype(np.int64),
         action_names=("no eat", "eat"),
+        mean_rewards=np.stack([np.full(len(idx), float(r_noeat)), exp_eat], axis=1),
     )
 
 
@@ -289,6 +316,82 @@ def load_adult_bandit(
     return classification_bandit(x, labels, len(occupations), name="adult", action_names=occupations)
 
 
+#: Riquelme et al.'s wheel: mean reward of each action inside the radius δ (action 4 is best there), the
+#: reward of the quadrant's action outside it, and the noise of both (their ``sample_wheel_bandit_data``).
+WHEEL_MEAN_V = (1.0, 1.0, 1.0, 1.0, 1.2)
+WHEEL_STD_V = (0.01, 0.01, 0.01, 0.01, 0.01)
+WHEEL_MU_LARGE = 50.0
+WHEEL_STD_LARGE = 0.01
+
+
+def wheel_quadrant_action(contexts: np.ndarray) -> np.ndarray:
+    """The action that pays ``mu_large`` outside the radius: 0 for (x>0, y>0), 1 for (x>0, y≤0), 2 for
+    (x≤0, y>0), 3 for (x≤0, y≤0), as in Riquelme et al.'s sampler."""
+    x, y = contexts[:, 0], contexts[:, 1]
+    return np.where(x > 0, np.where(y > 0, 0, 1), np.where(y > 0, 2, 3)).astype(np.int64)
+
+
+def wheel_bandit(
+    num_contexts: int,
+    delta: float,
+    *,
+    seed: int = 0,
+    mean_v: Sequence[float] = WHEEL_MEAN_V,
+    std_v: Sequence[float] = WHEEL_STD_V,
+    mu_large: float = WHEEL_MU_LARGE,
+    std_large: float = WHEEL_STD_LARGE,
+) -> BanditDataset:
+    r"""The wheel bandit of Riquelme et al. (2018, §4 and their ``sample_wheel_bandit_data``), generated.
+
+    Contexts X are uniform on the unit disc (rejection sampling from the square), 2 features, 5 actions.
+    Every action a pays N(mean_v[a], std_v[a]²); where ‖X‖ ≥ δ the action of X's quadrant
+    (:func:`wheel_quadrant_action`) pays N(mu_large, std_large²) instead. With the defaults action 4 (1.2) is
+    optimal inside the radius and the quadrant's action (50) outside, so the optimal expected reward is
+
+    .. math::  \mathbb E[r^*] = 50\,(1-\delta^2) + 1.2\,\delta^2,
+
+    since P(‖X‖ ≥ δ) = 1 − δ² for X uniform on the disc. ``opt_rewards`` holds the optimal *expected* reward
+    of each round (the reference code stores the sampled one), as for mushroom. ``labels`` is 1 outside the
+    radius and 0 inside.
+    """
+    if not isinstance(num_contexts, int) or num_contexts < 1:
+        raise ValueError(f"num_contexts must be a positive int, got {num_contexts!r}")
+    if not 0.0 <= delta <= 1.0:
+        raise ValueError(f"delta must lie in [0, 1] (the radius inside the unit disc), got {delta}")
+    mean_v, std_v = np.asarray(mean_v, dtype=np.float64), np.asarray(std_v, dtype=np.float64)
+    if mean_v.shape != (5,) or std_v.shape != (5,) or (std_v < 0).any() or std_large < 0:
+        raise ValueError("mean_v and std_v need 5 entries each (one per action) and the stds must be >= 0")
+    rng = np.random.default_rng(seed)
+    points: list[np.ndarray] = []
+    kept = 0
+    while kept < num_contexts:
+        square = rng.uniform(-1.0, 1.0, size=(max(2 * num_contexts, 64), 2))
+        disc = square[np.linalg.norm(square, axis=1) <= 1.0]
+        points.append(disc)
+        kept += len(disc)
+    contexts = np.concatenate(points)[:num_contexts]
+
+    outside = np.linalg.norm(contexts, axis=1) >= delta
+    quadrant = wheel_quadrant_action(contexts)
+    rows = np.flatnonzero(outside)
+    means = np.broadcast_to(mean_v, (num_contexts, 5)).copy()
+    means[rows, quadrant[rows]] = mu_large
+    stds = np.broadcast_to(std_v, (num_contexts, 5)).copy()
+    stds[rows, quadrant[rows]] = std_large
+    rewards = means + stds * rng.standard_normal((num_contexts, 5))
+    opt_actions = means.argmax(1)
+    return BanditDataset(
+        name=f"wheel_{delta:g}",
+        contexts=contexts,
+        rewards=rewards,
+        opt_rewards=means[np.arange(num_contexts), opt_actions],
+        opt_actions=opt_actions,
+        labels=outside.astype(np.int64),
+        action_names=("quadrant ++", "quadrant +-", "quadrant -+", "quadrant --", "centre"),
+        mean_rewards=means,
+    )
+
+
 BANDIT_LOADERS = {
     "mushroom": load_mushroom_bandit,
     "statlog": load_shuttle_bandit,
@@ -299,8 +402,20 @@ BANDIT_LOADERS = {
 
 
 def load_bandit(name: str, num_contexts: int | None = None, **kwargs: object) -> BanditDataset:
-    """Dispatch by name: ``"mushroom"``, ``"statlog"`` (or ``"shuttle"``), ``"adult"``."""
+    """Dispatch by name: ``"mushroom"``, ``"statlog"`` (or ``"shuttle"``), ``"adult"`` from the ngvi data
+    folder; ``"wheel"`` (generated: pass ``delta=``); and ``"covertype"``, ``"census"``, ``"jester"``,
+    ``"financial"``, which are not in the data folder and are read from a folder of your own (``user_dir=``,
+    see :mod:`.bandits_user`)."""
+    from . import bandits_user
+
     key = name.strip().lower()
+    if key == "wheel":
+        if num_contexts is None:
+            raise ValueError("the wheel bandit is generated: pass num_contexts (and delta=)")
+        return wheel_bandit(num_contexts, **kwargs)  # type: ignore[arg-type]
+    if key in bandits_user.USER_BANDITS:
+        return bandits_user.load_user_bandit(key, num_contexts, **kwargs)  # type: ignore[arg-type]
     if key not in BANDIT_LOADERS:
-        raise ValueError(f"unknown bandit data set {name!r}; known: mushroom, statlog, adult")
+        known = ", ".join(["mushroom", "statlog", "adult", "wheel", *bandits_user.USER_BANDITS])
+        raise ValueError(f"unknown bandit data set {name!r}; known: {known}")
     return BANDIT_LOADERS[key](num_contexts, **kwargs)  # type: ignore[arg-type]

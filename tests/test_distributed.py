@@ -154,7 +154,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     finally:
         dist.destroy_process_group()
     # Skip interpreter finalisation: gloo's worker threads can abort the process there (SIGABRT, "terminate
-    # called without an active exception"; pytorch/pytorch#179291), seen once in CI after a passing run.
+    # called without an active exception"; described in pytorch/pytorch#179291), seen once in CI.
     os._exit(0)
 
 

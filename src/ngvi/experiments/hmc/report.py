@@ -26,8 +26,8 @@ SHORT = {
 
 
 def label(name: str) -> str:
-    paper = PAPER_COLUMN.get(name)
-    return REGISTRY[name].label + (f" ({paper})" if paper else "")
+    ours, paper = REGISTRY[name].label, PAPER_COLUMN.get(name)
+    return ours + (f" ({paper})" if paper and paper != ours else "")
 
 
 def correlations(runs: dict[str, Any], methods: list[str], datasets: list[str], trials: int) -> dict:

@@ -7,6 +7,7 @@ SIGTERM (exit 130, with how to resume).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from typing import Any
@@ -35,6 +36,16 @@ def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:
     )
 
 
+def _epilog(cmd: Any) -> dict[str, Any]:
+    """An experiment's examples, and how it resumes, below its arguments in ``--help``."""
+    examples = getattr(cmd, "examples", ())
+    if not examples:
+        return {}
+    lines = ["examples:", *(f"  {e}" for e in examples)]
+    lines.append("A killed run resumes: rerun the same command with the same --out.")
+    return {"epilog": "\n".join(lines), "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="ngvi",
@@ -53,7 +64,7 @@ def build_parser() -> Parser:
             help_text = 'needs the experiments extra: pip install "ngvi[experiments]"'
             sub.add_parser(name, help=help_text, add_help=False).set_defaults(missing_extra=message)
             continue
-        sub_parser = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        sub_parser = sub.add_parser(name, help=cmd.help, description=cmd.help, **_epilog(cmd))
         cmd.add_arguments(sub_parser)
         if getattr(cmd, "default_out", None):
             _common_arguments(sub_parser, cmd)

@@ -64,15 +64,13 @@ class Bandits(Experiment):
     help = "contextual bandits with Thompson sampling (BADAM Table 1, Riquelme et al. 2018)"
     default_out = "runs/bandits"
 
+    examples = (
+        "ngvi bandits --datasets mushroom --contexts 2000 --runs 10",
+        "ngvi bandits --datasets mushroom,wheel --contexts mushroom=8124,wheel=2000 --deltas 0.5,0.9",
+        "ngvi bandits --datasets covertype --user-data-dir ~/bandit-data   # files you provide",
+    )
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        parser.epilog = (
-            "examples:\n"
-            "  ngvi bandits --datasets mushroom --contexts 2000 --runs 10\n"
-            "  ngvi bandits --datasets mushroom,wheel --contexts mushroom=8124,wheel=2000 --deltas 0.5,0.9\n"
-            "  ngvi bandits --datasets covertype --user-data-dir ~/bandit-data   # files you provide\n"
-            "A killed run resumes: rerun the same command with the same --out."
-        )
         parser.add_argument(
             "--datasets",
             type=arg_types.names(DATASETS),

@@ -48,6 +48,8 @@ class Experiment:
     default_out: str = ""
     #: jobs may run in worker processes (False: in this process, one after another, e.g. timings)
     parallel: bool = True
+    #: example command lines (with a comment each) for the end of ``ngvi <name> --help``
+    examples: tuple[str, ...] = ()
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The experiment's own arguments (``--out`` and, if parallel, ``--jobs`` are added for it)."""

@@ -40,14 +40,12 @@ class LogReg(Experiment):
     help = "Bayesian logistic regression against MF-Exact (Khan et al. 2018, §6.1, Fig. 2)"
     default_out = "runs/logreg"
 
+    examples = (
+        "ngvi logreg --quick                      # every part, tiny budgets (a smoke run)",
+        "ngvi logreg --parts minibatch --restarts 20 --jobs 2",
+    )
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        parser.epilog = (
-            "examples:\n"
-            "  ngvi logreg --quick                      # every part, tiny budgets (a smoke run)\n"
-            "  ngvi logreg --parts minibatch --restarts 20 --jobs 2\n"
-            "A killed run resumes: rerun the same command with the same --out."
-        )
         parser.add_argument(
             "--parts",
             type=types.names(PARTS),

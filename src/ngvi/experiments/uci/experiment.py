@@ -53,14 +53,12 @@ class UCI(Experiment):
     help = "the UCI regression benchmark (Khan et al. 2018 and Zhang et al. 2018, Table 1)"
     default_out = "runs/uci"
 
+    examples = (
+        "ngvi uci --datasets yacht,concrete --methods vadam,bbvi --splits 20 --tune none",
+        "ngvi uci --methods vadam --tune bo --trials 30 --folds 5  # tune on split 0, then all",
+    )
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        parser.epilog = (
-            "examples:\n"
-            "  ngvi uci --datasets yacht,concrete --methods vadam,bbvi --splits 20 --tune none\n"
-            "  ngvi uci --methods vadam --tune bo --trials 30 --folds 5  # tune on split 0, then all\n"
-            "A killed run resumes: rerun the same command with the same --out."
-        )
         parser.add_argument(
             "--datasets",
             type=arg_types.names(aliases=uci_name),

@@ -45,15 +45,13 @@ class UCINNG(Experiment):
     help = "the UCI regression benchmark under NNG's protocol (Zhang et al. 2018, §5.1, Table 1)"
     default_out = "runs/uci-nng"
 
+    examples = (
+        "ngvi uci-nng --datasets yacht --methods noisy_kfac --splits 3",
+        "ngvi uci-nng --epochs-large 100 --splits 3            # shorter runs on the four large sets",
+        "ngvi uci-nng --merge-from A,B --report-only --out ALL  # one table from runs in pieces",
+    )
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        parser.epilog = (
-            "examples:\n"
-            "  ngvi uci-nng --datasets yacht --methods noisy_kfac --splits 3\n"
-            "  ngvi uci-nng --epochs-large 100 --splits 3            # shorter runs on the four large sets\n"
-            "  ngvi uci-nng --merge-from A,B --report-only --out ALL  # one table from runs in pieces\n"
-            "A killed run resumes: rerun the same command with the same --out."
-        )
         parser.add_argument(
             "--datasets",
             type=arg_types.names(aliases=uci_name),

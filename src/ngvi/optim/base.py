@@ -362,9 +362,10 @@ class VariationalOptimizer(Optimizer):
                 continue
             states = [self.state_of(group, p) for p in params]
             for p, precision in zip(params, self._precision(group, states), strict=True):
-                point.extend([len(means)] if self.point_estimate(p) else [])
-                variances.append(
-                    torch.zeros_like(precision) if self.point_estimate(p) else precision.reciprocal()
-                )
+                if self.point_estimate(p):
+                    point.append(len(means))
+                    variances.append(torch.zeros_like(precision))
+                else:
+                    variances.append(precision.reciprocal())
                 means.append(self.mean_of(p))
         return DiagonalGaussian(means, variances, point=point)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from optimizer_db import BY_NAME
+from optimizer_db import BY_NAME, trainers
 
 N = 64
 
@@ -177,3 +177,79 @@ def test_fuzzed_state_is_refused_unchanged_or_resumes_correctly(name):
         resumed = torch.stack(train(target_model, target, 2))
         torch.testing.assert_close(resumed, reference, rtol=1e-5, atol=1e-7, msg=what)
     assert outcomes["refused"] > 20, outcomes  # most corruptions are caught at load time
+
+
+# -- checkpoints of legitimate states (issue 20, item 2) ----------------------------------------------------
+class _WithUnusedHead(nn.Module):
+    """A model with a parameter that never gets a gradient (an unused head): its state is never created."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+        self.unused = nn.Linear(2, 2).to(next(body.parameters()).dtype)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("info", trainers(lambda i: not i.joint))
+def test_a_parameter_that_never_got_a_gradient_resumes(info):
+    """As torch.optim.Adam does: a checkpoint without state for an unused parameter loads, and resumes
+    bitwise (issue 20, 2.1: BAdam refused it)."""
+    model = _WithUnusedHead(info.model())
+    opt = info.build(model, **({"seed": 3} if info.engine else {}))
+    info.train(model, opt, 2)
+    twin_model = copy.deepcopy(model)
+    twin = info.build(twin_model, **({"seed": 3} if info.engine else {}))
+    twin.load_state_dict(saved(opt))
+    assert torch.equal(torch.stack(info.train(model, opt, 2)), torch.stack(info.train(twin_model, twin, 2)))
+    for p, q in zip(model.parameters(), twin_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_missing_entry_of_a_parameter_that_had_state_is_refused():
+    """...but the state of a parameter that had state is not silently dropped (a truncated file)."""
+    _, opt = trained("vadam")
+    state = saved(opt)
+    del state["state"][1]
+    match = r"the state of param_groups\[0\]\['params'\]\[1\] is missing"
+    assert_refused_and_unchanged("vadam", state, match=match)
+
+
+def test_an_empty_entry_is_refused_not_reinitialised():
+    """An entry {} would silently restart that parameter's posterior (issue 20, 2.4)."""
+    _, opt = trained("ivon")
+    state = saved(opt)
+    state["state"][0] = {}
+    match = r"the state of param_groups\[0\]\['params'\]\[0\] is empty"
+    assert_refused_and_unchanged("ivon", state, match=match)
+
+
+@pytest.mark.parametrize("name", ["noisy_kfac", "nng_blktri", "nng_full", "kfac"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_kfac_family_with_momentum_resumes_its_own_state(name, dtype):
+    """The heavy-ball buffer lives with a layer's first parameter; the bias's float32 master alone must
+    not be asked for one (issue 20, 2.2)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).to(dtype)
+    opt = BY_NAME[name].build(model, seed=1, momentum=0.5)
+    x, y = batch()
+
+    def step(m, o):
+        def closure():
+            o.zero_grad()
+            out = m(x.to(dtype))
+            loss = 0.5 * (out.float() - y.float()).square().mean()
+            o.backward(loss, out)
+            return loss
+
+        return o.step(closure)
+
+    for _ in range(2):
+        step(model, opt)
+    twin_model = copy.deepcopy(model)
+    twin = BY_NAME[name].build(twin_model, seed=1, momentum=0.5)
+    twin.load_state_dict(saved(opt))
+    assert torch.equal(step(model, opt), step(twin_model, twin))
+    for p, q in zip(model.parameters(), twin_model.parameters(), strict=True):
+        assert torch.equal(p, q)

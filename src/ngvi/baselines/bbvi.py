@@ -187,7 +187,7 @@ class BBVI(VariationalOptimizer):
         """KL(q‖p) summed over all weights (float64); the per-example negative ELBO is loss + KL/N."""
         total = torch.zeros((), dtype=torch.float64)
         for group in self.param_groups:
-            params = list(group["params"])
+            params = self.trainable(group)
             if not params:
                 continue
             states = [self.state_of(group, p) for p in params]

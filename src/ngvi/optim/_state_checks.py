@@ -32,7 +32,13 @@ def engine_state(opt: Any) -> dict[str, Any]:
         "num_steps": opt.num_steps,
         "class": type(opt).__name__,
         "shapes": [[list(p.shape) for p in group["params"]] for group in opt.param_groups],
+        # which parameters have state (torch's indices): one never given a gradient has none, legitimately
+        "stateful": [i for i, p in enumerate(_params(opt)) if opt.state.get(p)],
     }
+
+
+def _params(opt: Any) -> list[Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
 
 
 def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
@@ -94,12 +100,15 @@ def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
                     f"{tuple(shapes[gi][j])} in the state (a model of another size?)"
                 )
             index[key] = (where, p, group)
-    trainable = [k for k, (_, p, _) in index.items() if p.requires_grad]
-    if state and any(k not in state for k in trainable):
-        missing = [index[k][0] for k in trainable if k not in state]
-        raise ValueError(
-            f"{name}.load_state_dict: the state has entries for some parameters but not {missing}"
-        )
+    stateful = extra.get("stateful")
+    if stateful is not None:
+        if not isinstance(stateful, list) or not all(isinstance(k, int) for k in stateful):
+            raise ValueError(f"{name}.load_state_dict: 'ngvi'/'stateful' must list parameter indices")
+        missing = [index[k][0] for k in stateful if k in index and k not in state]
+        if missing:
+            raise ValueError(
+                f"{name}.load_state_dict: the state of {', '.join(missing)} is missing (a truncated file?)"
+            )
     devices = {str(p.device) for _, p, _ in index.values() if p.requires_grad}
     if extra.get("num_draws", 0) and not devices <= set(extra["rng"]):  # it has drawn on every device
         raise ValueError(f"{name}.load_state_dict: 'ngvi'/'rng' lacks the generator of device(s) {devices}")
@@ -157,13 +166,18 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
         raise ValueError(
             f"{name}.load_state_dict: the state of {where} must be a dict, got {type(entry).__name__}"
         )
-    if not entry:
-        return
+    if not entry:  # state_dict() never writes one: an entry is made with its step count
+        raise ValueError(
+            f"{name}.load_state_dict: the state of {where} is empty; leave the parameter out of 'state' "
+            "(its state then starts fresh at its first gradient) or give its saved state"
+        )
     expected: dict[str, Any] = {}
     _mixed_precision.init_state(opt, group, p, expected)  # the rule's state (and a float32 master)
     optional_shapes = getattr(opt, "_optional_state_shapes", lambda p: {"momentum_buffer": p.shape})(p)
     required = set(expected) | {"step"}
-    if expected and group.get("momentum", 0) and isinstance(entry.get("step"), int) and entry["step"] > 0:
+    rule_state = bool(set(expected) - {"master"})  # a K-FAC layer keeps its state with its first parameter
+    stepped = isinstance(entry.get("step"), int) and entry["step"] > 0
+    if rule_state and group.get("momentum", 0) and stepped:
         required.add("momentum_buffer")  # heavy-ball state exists from the first step on
     missing = sorted(required - set(entry))
     unknown = sorted(set(entry) - set(expected) - OPTIONAL_STATE - {"step"})

@@ -196,7 +196,9 @@ class VariationalOptimizer(Optimizer):
         return _mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "ngvi": _state_checks.engine_state(self)}
+        out = super().state_dict()
+        out["state"] = {k: v for k, v in out["state"].items() if v}  # a look-up may leave an empty entry
+        return {**out, "ngvi": _state_checks.engine_state(self)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that
@@ -354,10 +356,12 @@ class VariationalOptimizer(Optimizer):
 
     @torch.no_grad()
     def posterior(self) -> DiagonalGaussian:
-        """A snapshot of q = N(μ, σ²) over all parameters, in parameter order (point estimates: σ² = 0)."""
+        """A snapshot of q = N(μ, σ²) over the trainable parameters, in parameter order (point estimates:
+        σ² = 0). Frozen parameters (``requires_grad=False``) are fixed, not random: they are left out, as by
+        every ngvi optimizer, and get no state."""
         means, variances, point = [], [], []
         for group in self.param_groups:
-            params = list(group["params"])
+            params = self.trainable(group)
             if not params:
                 continue
             states = [self.state_of(group, p) for p in params]

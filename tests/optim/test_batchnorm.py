@@ -122,3 +122,39 @@ def test_resnet_and_batchnorm_vgg_train_under_vogn_and_noisy_kfac():
             losses = [float(opt.step(closure(opt, model, x, y))) for _ in range(2)]
         assert all(map(torch.isfinite, map(torch.tensor, losses)))
         assert len(opt.posterior().point) == sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()) * 2
+
+
+SKIPPING = {
+    "vadam": lambda m: ngvi.Vadam(m.parameters(), 100, init_prec=50.0, seed=0, skip_nonfinite=True),
+    "ivon": lambda m: ngvi.IVON(m.parameters(), 100, lr=0.05, seed=0, skip_nonfinite=True),
+    "vogn": lambda m: ngvi.VOGN(m, 100, lr=1e-2, init_prec=50.0, seed=0, skip_nonfinite=True),
+    "noisy_kfac": lambda m: ngvi.NoisyKFAC(m, 100, lr=1e-2, seed=0, skip_nonfinite=True),
+}
+
+
+@pytest.mark.parametrize("name", list(SKIPPING))
+@pytest.mark.parametrize("form", ["closure", "manual"])
+def test_a_skipped_step_puts_the_running_statistics_back(name, form):
+    """One NaN example: the step is skipped, and batch norm's running mean and variance are those before it
+    (they would be NaN for good otherwise), so later predictions stay finite (issue 20, item 3.3)."""
+    model = bn_net()
+    opt = SKIPPING[name](model)
+    x, y = data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the batch-norm approximation note of the hook-based rules
+        opt.step(closure(opt, model, x, y))
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        bad = x.clone()
+        bad[3] = float("nan")
+        if form == "closure":
+            opt.step(closure(opt, model, bad, y))
+        else:
+            for batch in (x, bad):  # a good sample, then the bad one: both are dropped
+                with opt.sampled_params(train=True):
+                    closure(opt, model, batch, y)()
+            opt.step()
+    assert opt.skipped_steps == 1
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    model.eval()
+    assert bool(torch.isfinite(model(x)).all())

@@ -105,6 +105,8 @@ class NoiseSource:
         return NoiseCheckpoint(self.rng_state(), self.num_draws, self.pair_start, self._negated)
 
     def rollback(self, checkpoint: NoiseCheckpoint) -> None:
+        for dev in [d for d in self._generators if str(d) not in checkpoint.rng]:
+            del self._generators[dev]  # created by the discarded draw: recreated from the seed when needed
         self.set_rng_state(checkpoint.rng)
         self.num_draws, self.pair_start = checkpoint.num_draws, checkpoint.pair_start
         if checkpoint.negated != self._negated:  # the antithetic buffers were flipped by the discarded draw

@@ -12,7 +12,9 @@ gradient, refuses non-finite gradients without touching any state, and resumes b
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,12 +28,24 @@ from ..posterior import DiagonalGaussian
 from . import _mixed_precision, _state_checks
 from . import diagnostics as _diagnostics
 from ._accumulator import SampleAccumulator
+from ._buffers import BufferGuard
 from ._closure import closure_loss, run_backward
-from ._noise import NOISES, NoiseSource
+from ._noise import NOISES, NoiseCheckpoint, NoiseSource
 from ._perturbation import draw, slices
 from ._prior import initial_curvature
 
 __all__ = ["NOISES", "NonFiniteGradientError", "VariationalOptimizer", "initial_curvature"]
+
+
+@dataclass(frozen=True)
+class _OpenSample:
+    """What :meth:`VariationalOptimizer.end_sample` needs of the sample it closes."""
+
+    train: bool
+    perturb: bool
+    keep_grad_refs: bool
+    checkpoint: NoiseCheckpoint  # the noise before this sample's draw
+    plugins: contextlib.ExitStack
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -69,7 +83,14 @@ class VariationalOptimizer(Optimizer):
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
     #: attributes rebuilt by ``_init_transient`` (never pickled)
-    transient: tuple[str, ...] = ("_means", "_sqrt_prec", "_in_sample", "_backward_done", "_rng_checkpoint")
+    transient: tuple[str, ...] = (
+        "_means",
+        "_sqrt_prec",
+        "_in_sample",
+        "_open_sample",
+        "_backward_done",
+        "_rng_checkpoint",
+    )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -118,8 +139,10 @@ class VariationalOptimizer(Optimizer):
         self._means: dict[Tensor, Tensor] = {}  # μ while the parameters hold a sample
         self._sqrt_prec: dict[Tensor, Tensor] = {}  # √precision of the current sample (needs_noise)
         self._in_sample = False
+        self._open_sample: _OpenSample | None = None  # what end_sample() closes
         self._backward_done = False  # opt.backward() ran in the current sample
         self._rng_checkpoint = None  # the noise before the pending samples: a discard rolls back to it
+        self._buffer_guard = BufferGuard()  # batch norm's running statistics, for a skipped step
 
     def _estimator_flag(self, name: str) -> bool:  # what the estimator asks of the engine
         return bool(getattr(self.curvature_estimator, name, False))
@@ -208,7 +231,8 @@ class VariationalOptimizer(Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         if self._in_sample:
             raise RuntimeError(
-                "cannot copy or pickle the optimizer inside sampled_params(); do it between steps"
+                "cannot copy or pickle the optimizer while a posterior sample is open (in sampled_params(), "
+                "or before end_sample()); do it between steps"
             )
         skip = {*self.transient, "accumulator", "step", "_opt_called"}  # LR schedulers patch `step`
         out = {k: v for k, v in self.__dict__.items() if k not in skip and not k.startswith("_optimizer_")}
@@ -228,37 +252,98 @@ class VariationalOptimizer(Optimizer):
         With ``train=True`` the gradient left in ``p.grad`` by a backward pass inside the block is kept as
         one MC sample for the next ``step()`` (call ``zero_grad()`` inside the block first; a rule that takes
         its gradient at the mean, BAdam, then holds μ). The weights are restored even if the block raises; a
-        sample whose block raised is discarded.
+        sample whose block raised is discarded, its noise rolled back. :meth:`begin_sample` and
+        :meth:`end_sample` are the same for frameworks that drive training through callbacks.
         """
-        with self._sample_scope(perturb=self.perturbs_in_step or not train, train=train):
+        self.begin_sample(train=train)
+        try:
             yield
+        except BaseException as err:
+            self._end_sample(discard=True, error=err)
+            raise
+        self.end_sample()
 
-    @contextlib.contextmanager
-    def _sample_scope(self, *, perturb: bool, train: bool, keep_grad_refs: bool = False) -> Iterator[None]:
+    def begin_sample(self, train: bool = False) -> None:
+        """Put one posterior sample θ ~ q into the parameters until :meth:`end_sample` (the callback form
+        of :meth:`sampled_params`: open it where a framework begins a step, close it before the update)."""
+        self._begin_sample(perturb=self.perturbs_in_step or not train, train=train)
+
+    def end_sample(self, discard: bool = False) -> None:
+        """Restore μ. With ``train=True`` the gradients now in ``p.grad`` are one MC sample for ``step()``,
+        unless ``discard``: then the sample is dropped and its noise rolled back, as if never drawn (what a
+        framework should do when the forward or backward pass raised)."""
+        if not self._in_sample:
+            raise RuntimeError(
+                f"{type(self).__name__}.end_sample(): no sample is open (begin_sample() first)"
+            )
+        self._end_sample(discard=discard)
+
+    @property
+    def in_sample(self) -> bool:
+        """True between :meth:`begin_sample` and :meth:`end_sample` (or inside ``sampled_params()``)."""
+        return self._in_sample
+
+    def _begin_sample(self, *, perturb: bool, train: bool, keep_grad_refs: bool = False) -> None:
         if self._in_sample:
-            raise RuntimeError("sampled_params() blocks cannot be nested")
-        if train and self._rng_checkpoint is None:
-            self._rng_checkpoint = self.noise_source.checkpoint()
+            raise RuntimeError(
+                "a posterior sample is already open: sampled_params() blocks cannot be nested, and "
+                "begin_sample() needs end_sample() first (end_sample(discard=True) after an error)"
+            )
+        checkpoint = self.noise_source.checkpoint()  # a discarded sample rolls back to here
         self._backward_done = False
         if perturb:
-            draw(self, train)
-        self._in_sample = True
+            draw(self, train)  # on error: parameters and noise as before
+        self._in_sample = True  # plugins see the sample (mean_of gives μ)
+        plugins = contextlib.ExitStack()
         try:
-            with contextlib.ExitStack() as plugins:
+            for plugin in self.plugins:
+                plugins.enter_context(plugin.scope(train=train))
+        except BaseException:
+            plugins.close()
+            self._in_sample = False
+            if perturb:
+                self._restore()
+            self._sqrt_prec.clear()
+            self.noise_source.rollback(checkpoint)
+            raise
+        if train and self._rng_checkpoint is None:
+            self._rng_checkpoint = checkpoint
+        if train and self.skip_nonfinite:
+            self._buffer_guard.begin_sample()
+        self._open_sample = _OpenSample(train, perturb, keep_grad_refs, checkpoint, plugins)
+
+    def _end_sample(self, *, discard: bool, error: BaseException | None = None) -> None:
+        sample, self._open_sample = self._open_sample, None
+        keep = sample.train and not discard
+        exc = (None, None, None) if error is None else (type(error), error, error.__traceback__)
+        try:
+            try:  # in the plugins' scope (the hooks' records): ĥ at θ, then ĝ (and the rest) at μ
                 try:
-                    for plugin in self.plugins:
-                        plugins.enter_context(plugin.scope(train=train))
-                    yield
-                    if train and self.curvature_reads_sample:
-                        self.accumulator.add_sample(self, keep_grad_refs)
+                    if keep and self.curvature_reads_sample:
+                        self.accumulator.add_sample(self, sample.keep_grad_refs)
                 finally:
                     self._in_sample = False
-                    if perturb:
+                    if sample.perturb:
                         self._restore()
-                if train and not self.curvature_reads_sample:
-                    self.accumulator.add_sample(self, keep_grad_refs)
+                if keep and not self.curvature_reads_sample:
+                    self.accumulator.add_sample(self, sample.keep_grad_refs)
+            finally:
+                sample.plugins.__exit__(*exc)
+        except BaseException:
+            discard = True
+            raise
         finally:
             self._sqrt_prec.clear()
+            if sample.train and self.skip_nonfinite:
+                self._buffer_guard.end_sample(discard)
+            if discard:
+                self._rollback_sample(sample)
+
+    def _rollback_sample(self, sample: _OpenSample) -> None:
+        """The noise as before ``sample``'s draw; the earlier pending samples stay."""
+        self.noise_source.rollback(sample.checkpoint)
+        if self._rng_checkpoint is sample.checkpoint:
+            self._rng_checkpoint = None
 
     @torch.no_grad()
     def _restore(self) -> None:
@@ -275,6 +360,7 @@ class VariationalOptimizer(Optimizer):
 
     def _discard_pending(self) -> None:
         self.accumulator.clear()
+        self._buffer_guard.discard_all()
         if self._rng_checkpoint is not None:
             self.noise_source.rollback(self._rng_checkpoint)
             self._rng_checkpoint = None
@@ -286,14 +372,24 @@ class VariationalOptimizer(Optimizer):
             raise RuntimeError("step() was called inside sampled_params(); call it after the with-block")
         pending = self.accumulator.count
         if closure is None:
+            if 0 < pending < self.mc_samples and not self.__dict__.get("_few_samples_warned"):
+                self._few_samples_warned = True
+                warnings.warn(
+                    f"{type(self).__name__}.step() got {pending} posterior sample(s), fewer than "
+                    f"mc_samples={self.mc_samples}: in the manual form each sampled_params(train=True) "
+                    "block (or begin_sample/end_sample pair) is one sample; open mc_samples of them before "
+                    "step(), or pass a closure (warned once)",
+                    UserWarning,
+                    stacklevel=2,
+                )
             if pending == 0:
                 if self.perturbs_in_step:
                     raise RuntimeError(
                         f"{type(self).__name__}.step() needs gradients at posterior samples: pass a closure, "
                         "`opt.step(closure)`, or first run `with opt.sampled_params(train=True): ...`"
                     )
-                with self._sample_scope(perturb=False, train=True):
-                    pass
+                self._begin_sample(perturb=False, train=True)
+                self._end_sample(discard=False)
             return self._finish(None)
         if pending:
             raise RuntimeError(
@@ -304,10 +400,15 @@ class VariationalOptimizer(Optimizer):
         try:
             for _ in range(self.mc_samples):
                 keep = self.mc_samples == 1
-                with self._sample_scope(perturb=self.perturbs_in_step, train=True, keep_grad_refs=keep):
+                self._begin_sample(perturb=self.perturbs_in_step, train=True, keep_grad_refs=keep)
+                try:
                     with torch.enable_grad():
                         result = closure()
                     losses.append(closure_loss(self, result))
+                except BaseException as err:
+                    self._end_sample(discard=True, error=err)
+                    raise
+                self._end_sample(discard=False)
         except BaseException:
             self._discard_pending()
             raise
@@ -344,6 +445,7 @@ class VariationalOptimizer(Optimizer):
                     self._update(s.group, means, grads, curvs, states[part])
                     _mixed_precision.write_back(self, s.params[part])
         acc.clear()
+        self._buffer_guard.commit()
         self._rng_checkpoint = None
         self.num_steps += 1
         _diagnostics.after_step(self)  # warns once if the variance is frozen or at the float limits

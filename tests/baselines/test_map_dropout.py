@@ -164,7 +164,7 @@ def test_dropout_modes_restored_when_the_block_raises():
 def test_mc_dropout_needs_a_model_with_dropout():
     with pytest.raises(ValueError, match="no dropout"):
         MCDropout(nn.Linear(3, 1), N)
-    with pytest.raises(ValueError, match="model"):
+    with pytest.raises(TypeError, match=r"MCDropout takes the model \(an nn\.Module\)"):
         MCDropout(list(nn.Linear(3, 1).parameters()), N)
 
 

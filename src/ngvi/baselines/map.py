@@ -58,7 +58,7 @@ class MAP(torch.optim.Adam):
         eps: float = 1e-8,
         mc_samples: int = 1,
     ):
-        if mc_samples != 1:
+        if check.positive_int("mc_samples", mc_samples) != 1:
             raise ValueError(
                 f"MAP is a point estimate: every sample is the same, so mc_samples must be 1, got "
                 f"{mc_samples!r}"

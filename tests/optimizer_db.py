@@ -16,11 +16,11 @@ The facts below were read off the classes, not assumed:
   takes a Hessian-vector product through the graph) or ``"output"`` (the true Fisher, ``curvature="fisher"``:
   return ``(loss, output)`` without calling backward; the engine samples targets first). Every trainer has
   ``opt.backward(loss, output)``, which does the right thing for all three.
-* ``engine``: a :class:`ngvi.VariationalOptimizer`: ``seed=``, ``skip_nonfinite=``, ``num_steps``,
-  ``NonFiniteGradientError`` for NaN/Inf gradients, a RuntimeError for a closure without backward, and
+* ``engine``: a :class:`ngvi.VariationalOptimizer`: ``seed=``, ``skip_nonfinite=``, ``num_steps``, and
   several ``sampled_params(train=True)`` blocks as the MC samples of one ``step()``. MAP and MCDropout are
-  ``torch.optim.Adam`` underneath and have none of these (Adam applies a NaN gradient and skips a step
-  without gradients silently); their ``sampled_params(train=True)`` block is one plain Adam gradient.
+  ``torch.optim.Adam`` underneath and have none of these: their ``sampled_params(train=True)`` block is one
+  plain Adam gradient. Every trainer, these two included, raises ``NonFiniteGradientError`` for NaN/Inf
+  gradients and a RuntimeError for a closure without backward, changing nothing.
 * ``mc_samples``: BAdam (gradient at the mean) and MAP (a point estimate) refuse ``mc_samples != 1``.
 * ``manual_form``: how to step without a closure. ``"samples"``: backward passes inside
   ``sampled_params(train=True)`` blocks, one MC sample each, then ``step()`` (BAdam's training block holds

@@ -16,11 +16,11 @@ The facts below were read off the classes, not assumed:
   takes a Hessian-vector product through the graph) or ``"output"`` (the true Fisher, ``curvature="fisher"``:
   return ``(loss, output)`` without calling backward; the engine samples targets first). Every trainer has
   ``opt.backward(loss, output)``, which does the right thing for all three.
-* ``engine``: a :class:`ngvi.VariationalOptimizer`: ``seed=``, ``skip_nonfinite=``, ``num_steps``,
-  ``NonFiniteGradientError`` for NaN/Inf gradients, a RuntimeError for a closure without backward, and
+* ``engine``: a :class:`ngvi.VariationalOptimizer`: ``seed=``, ``skip_nonfinite=``, ``num_steps``, and
   several ``sampled_params(train=True)`` blocks as the MC samples of one ``step()``. MAP and MCDropout are
-  ``torch.optim.Adam`` underneath and have none of these (Adam applies a NaN gradient and skips a step
-  without gradients silently); their ``sampled_params(train=True)`` block is one plain Adam gradient.
+  ``torch.optim.Adam`` underneath and have none of these: their ``sampled_params(train=True)`` block is one
+  plain Adam gradient. Every trainer, these two included, raises ``NonFiniteGradientError`` for NaN/Inf
+  gradients and a RuntimeError for a closure without backward, changing nothing.
 * ``mc_samples``: BAdam (gradient at the mean) and MAP (a point estimate) refuse ``mc_samples != 1``.
 * ``manual_form``: how to step without a closure. ``"samples"``: backward passes inside
   ``sampled_params(train=True)`` blocks, one MC sample each, then ``step()`` (BAdam's training block holds
@@ -212,7 +212,7 @@ TRAINERS: list[TrainerInfo] = [
             ({"data_size": "many"}, "data_size must be a positive int"),
             ({"data_size": -3}, "data_size must be a positive int"),
             ({"data_size": True}, "data_size must be a positive int"),
-            ({"seed": 1.5}, "seed must be an int or None, got 1.5"),
+            ({"seed": 1.5}, r"seed must be an int in \[0, 2\*\*63\) or None, got 1.5"),
         ),
     ),
     TrainerInfo(
@@ -254,7 +254,8 @@ TRAINERS: list[TrainerInfo] = [
         _factory(ngvi.VOGN, data_size=N, lr=0.05, beta=0.1, momentum=0.5, init_prec=10.0),
         **HOOKS_LAYERS,
         bad_arguments=(
-            ({"beta": 1.5}, r"beta must lie in \[0, 1\], got 1.5"),
+            ({"beta": 1.5}, r"beta must lie in \(0, 1\], got 1.5"),
+            ({"beta": 0.0}, r"beta must lie in \(0, 1\], got 0.0"),
             ({"momentum": 1.0}, r"momentum must lie in \[0, 1\), got 1.0"),
             ({"prior_prec": 0.0}, "prior_prec must be > 0, got 0.0"),
             ({"init_prec": 0.5, "prior_prec": 1.0}, r"init_prec \(0.5\) must be >= prior_prec \(1.0\)"),
@@ -423,6 +424,7 @@ BAD_ARGUMENTS: tuple[tuple[dict[str, Any], str], ...] = (
     ({"data_size": 64.5}, r"data_size must be a positive int \(the number of training examples\), got 64.5"),
     ({"data_size": 0}, r"data_size must be a positive int \(the number of training examples\), got 0"),
     ({"mc_samples": 0}, "mc_samples must be (a positive int|1), got 0"),
+    ({"mc_samples": True}, "mc_samples must be a positive int, got True"),
 )
 
 

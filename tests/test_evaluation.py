@@ -99,3 +99,44 @@ def test_point_estimates_are_evaluated_once():
     x, y = torch.randn(9, 4), torch.randint(0, 3, (9,))
     ev = ngvi.evaluate_classifier(model, MAP(model, 9), x, y, samples=16)
     assert ev.bma == ev.mean and ev.samples == 16
+
+
+class NaNForPositiveFirstInput(nn.Module):
+    """A linear classifier whose class-0 logit is NaN wherever the first input is positive."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x):
+        out = self.linear(x)
+        return torch.where((x[:, :1] > 0) & (torch.arange(3) == 0), float("nan"), out)
+
+
+def test_evaluate_classifier_refuses_empty_input_and_nonfinite_outputs():
+    """One clear ValueError each, instead of torch.cat's 'expected a non-empty list' or bincount's
+    'non-negative integral inputs' from deep inside."""
+    torch.manual_seed(0)
+    model = NaNForPositiveFirstInput()
+    x, y = torch.randn(9, 4), torch.randint(0, 3, (9,))
+    positive = int((x[:, 0] > 0).sum())
+    assert 0 < positive < 9
+    with pytest.raises(ValueError, match=r"x must be a tensor of at least one test point.*got \[0, 4\]"):
+        ngvi.evaluate_classifier(model, MAP(model, 9), x[:0], y[:0])
+    # MAP: one draw (a point estimate) and the mean weights, each NaN at class 0 of the positive points
+    with pytest.raises(
+        ValueError,
+        match=rf"NaN or Inf for {positive} of 9 test points \({2 * positive} of 54 logits over 1 posterior "
+        r"sample\(s\) and the mean weights\): the model or its posterior produced them",
+    ):
+        ngvi.evaluate_classifier(model, MAP(model, 9), x, y, samples=16)
+    bad_x = x.clone()
+    bad_x[2, 1] = float("inf")
+    with pytest.raises(ValueError, match="x holds 1 NaN or Inf values"):
+        ngvi.evaluate_classifier(nn.Linear(4, 3), MAP(model, 9), bad_x, y)
+
+
+def test_classification_metrics_refuse_labels_shaped_n_by_1():
+    probs = torch.full((5, 3), 1 / 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"got \[5, 1\]: use y\.squeeze\(-1\)"):
+        ngvi.evaluation.classification_metrics(probs, torch.zeros(5, 1, dtype=torch.long))

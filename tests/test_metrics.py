@@ -52,6 +52,37 @@ def test_accuracy_brier_ece_by_hand():
     assert rel["count"].sum() == 4 and rel["count"][9] == 1 and rel["count"][6] == 1
 
 
+LABEL_METRICS = {
+    "accuracy": metrics.accuracy,
+    "brier": metrics.brier,
+    "reliability": metrics.reliability,
+    "ece": metrics.ece,
+    "categorical_nll": lambda probs, y: metrics.categorical_nll(probs.log().unsqueeze(0), y),
+}
+
+
+@pytest.mark.parametrize("name", LABEL_METRICS)
+def test_metrics_refuse_labels_of_the_wrong_shape(name):
+    """Labels [N, 1] used to broadcast against [N] predictions (accuracy 0.5 where it is 0.75): every
+    metric that takes labels refuses them, and labels of another length or outside [0, C), by one check."""
+    metric = LABEL_METRICS[name]
+    probs = torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7], [0.2, 0.8]], dtype=torch.float64)
+    y = torch.tensor([0, 1, 1, 1])
+    metric(probs, y)
+    with pytest.raises(
+        ValueError,
+        match=r"labels must be shaped \[N\] \(class indices\); got \[4, 1\]: use "
+        r"y\.squeeze\(-1\)",
+    ):
+        metric(probs, y[:, None])
+    with pytest.raises(
+        ValueError, match=r"labels must be shaped \[N\] \(class indices\) with N = 4 .*got \[3\]"
+    ):
+        metric(probs, y[:3])
+    with pytest.raises(ValueError, match=r"labels must be class indices in \[0, 2\), got values in \[0, 2\]"):
+        metric(probs, torch.tensor([0, 1, 2, 1]))
+
+
 def test_rmse_and_predictive_moments():
     assert metrics.rmse(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 0.0])) == pytest.approx(math.sqrt(5))
     f = torch.tensor([[1.0], [3.0]])

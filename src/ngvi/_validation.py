@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch import nn
 
 MODEL_GROUPS = (
     "takes its parameters from the model it hooks; add_param_group() is not supported (change "
@@ -97,12 +98,28 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+#: seeds in [0, 2**63): what torch's generators take (below 2**64), what a checkpoint's counters accept
+#: (>= 0) and what torch.distributed broadcasts (an int64)
+SEED_LIMIT = 2**63
+
+
 def seed(value: Any) -> int:
     """An int seed; None draws one from torch's global RNG (so torch.manual_seed makes runs reproducible)."""
     if value is None:
         return int(torch.randint(0, 2**62, ()).item())
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"seed must be an int or None, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"seed must be an int in [0, 2**63) or None, got {value!r}")
+    return int(value)
+
+
+def model(value: Any, owner: str, why: str) -> Any:
+    """The model a trainer takes (to hook or search its modules): TypeError for its parameters or anything
+    else that is not an ``nn.Module``."""
+    if not isinstance(value, nn.Module):
+        raise TypeError(
+            f"{owner} takes the model (an nn.Module) {why}, got {type(value).__name__}; write "
+            f"{owner}(model, data_size, ...)"
+        )
     return value
 
 

@@ -42,8 +42,7 @@ class ClassifierEvaluation:
 
 def classification_metrics(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, float]:
     """Accuracy, NLL, ECE (``n_bins`` bins) and Brier score of predictive probabilities [N, C]."""
-    if probs.dim() != 2 or probs.shape[0] != y.shape[0]:
-        raise ValueError(f"probs must be [N, C] with N = {y.shape[0]} labels, got {tuple(probs.shape)}")
+    metrics.check_classification(probs, y)
     p = probs.double()
     picked = p.gather(1, y.long().view(-1, 1)).squeeze(1)
     return {
@@ -70,16 +69,33 @@ def predictive_probs(
         raise ValueError(f"samples must be a positive int, got {samples!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[0] == 0:
+        shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must be a tensor of at least one test point, shaped [N, ...], got {shape}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"x holds {int((~torch.isfinite(x)).sum())} NaN or Inf values")
     if getattr(opt, "deterministic", False) is True:
         samples = 1  # every draw is the same network
-    bma, at_mean = [], []
+    bma, at_mean, bad_points, bad_logits = [], [], 0, 0
     for start in range(0, x.shape[0], batch_size):
         xb = x[start : start + batch_size]
         logits = predict(model, opt, xb, samples, vectorize=vectorize, generator=generator)
         if logits.dim() != 3:
             raise ValueError(f"a classifier's outputs must be [N, C] logits, got {tuple(logits.shape[1:])}")
+        mean_logits = predict(model, opt, xb, 0)
+        bad = ~torch.isfinite(torch.cat([logits, mean_logits]))  # [S + 1, B, C]
+        bad_points += int(bad.any(-1).any(0).sum())
+        bad_logits += int(bad.sum())
         bma.append(metrics.predictive_probs(logits))
-        at_mean.append(torch.softmax(predict(model, opt, xb, 0)[0].double(), -1))
+        at_mean.append(torch.softmax(mean_logits[0].double(), -1))
+    if bad_points:
+        n, c = x.shape[0], bma[0].shape[-1]
+        raise ValueError(
+            f"the model's outputs are NaN or Inf for {bad_points} of {n} test points ({bad_logits} of "
+            f"{n * c * (samples + 1)} logits over {samples} posterior sample(s) and the mean weights): the "
+            "model or its posterior produced them (did training diverge? see opt.diagnostics()), so no "
+            "metric of them would mean anything"
+        )
     return torch.cat(bma), torch.cat(at_mean)
 
 

@@ -25,6 +25,30 @@ def _check_samples(samples: Tensor, y: Tensor, name: str = "samples") -> None:
         raise ValueError(f"{name} cover {samples.shape[1]} points but y has {y.shape[0]}")
 
 
+def check_labels(y: Tensor, n: int, num_classes: int) -> None:
+    """Class labels: shaped [N], indices in [0, C). [N, 1] would broadcast against [N] predictions into a
+    wrong value instead of failing, so every metric that takes labels asks this first."""
+    shape = list(y.shape)
+    if y.dim() == 2 and y.shape[1] == 1 and y.shape[0] == n:
+        raise ValueError(f"labels must be shaped [N] (class indices); got {shape}: use y.squeeze(-1)")
+    if y.dim() != 1 or y.shape[0] != n:
+        raise ValueError(
+            f"labels must be shaped [N] (class indices) with N = {n} rows of predictions, got {shape}"
+        )
+    if y.is_floating_point() and not bool((y == y.round()).all()):
+        raise ValueError("labels must be class indices (whole numbers)")
+    low, high = (int(y.min()), int(y.max())) if n else (0, 0)
+    if n and (low < 0 or high >= num_classes):
+        raise ValueError(f"labels must be class indices in [0, {num_classes}), got values in [{low}, {high}]")
+
+
+def check_classification(probs: Tensor, y: Tensor) -> None:
+    """Predictive probabilities [N, C] and their labels [N] (ValueError naming what is off)."""
+    if probs.dim() != 2:
+        raise ValueError(f"probs must be shaped [N, C], got {list(probs.shape)}")
+    check_labels(y, probs.shape[0], probs.shape[1])
+
+
 def rmse(pred: Tensor, y: Tensor) -> float:
     """Root-mean-squared error of a point prediction (e.g. the predictive mean) against y."""
     pred, y = pred.reshape(-1).double(), y.reshape(-1).double()
@@ -59,18 +83,23 @@ def predictive_probs(logit_samples: Tensor) -> Tensor:
 
 def categorical_nll(logit_samples: Tensor, y: Tensor) -> float:
     r"""−(1/N) Σₙ log (1/S) Σₛ softmax(fₛ(xₙ))[yₙ], computed stably in log space."""
-    _check_samples(logit_samples, y, "logit samples")
+    if logit_samples.dim() != 3:
+        raise ValueError(f"logit samples must be shaped [S, N, C], got {list(logit_samples.shape)}")
+    check_labels(y, logit_samples.shape[1], logit_samples.shape[2])
     log_p = torch.log_softmax(logit_samples.double(), -1)  # [S, N, C]
     picked = log_p.gather(-1, y.long().view(1, -1, 1).expand(log_p.shape[0], -1, 1)).squeeze(-1)
     return float(-(torch.logsumexp(picked, 0) - math.log(log_p.shape[0])).mean())
 
 
 def accuracy(probs: Tensor, y: Tensor) -> float:
+    """The fraction of points whose most probable class (probs [N, C]) is the label."""
+    check_classification(probs, y)
     return float((probs.argmax(-1) == y.long()).double().mean())
 
 
 def brier(probs: Tensor, y: Tensor) -> float:
     """Mean over points of Σ_c (p_c − 1[y = c])²."""
+    check_classification(probs, y)
     onehot = torch.nn.functional.one_hot(y.long(), probs.shape[-1]).double()
     return float(((probs.double() - onehot) ** 2).sum(-1).mean())
 
@@ -82,6 +111,7 @@ def reliability(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, Tensor]
     last bin. Empty bins have count 0 (and confidence = accuracy = 0)."""
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    check_classification(probs, y)
     conf, pred = probs.double().max(-1)
     correct = (pred == y.long()).double()
     bins = torch.clamp((conf * n_bins).long(), max=n_bins - 1)

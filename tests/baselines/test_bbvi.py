@@ -164,7 +164,7 @@ def test_other_parameterised_modules_are_sampled_by_weight_reparam():
 # the models it takes
 # ----------------------------------------------------------------------------------------------------
 def test_model_must_be_a_module():
-    with pytest.raises(ValueError, match="model"):
+    with pytest.raises(TypeError, match=r"BBVI takes the model \(an nn\.Module\)"):
         BBVI(list(_linear_model().parameters()), N)
     frozen = _linear_model().requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):

@@ -63,6 +63,34 @@ def test_map_gradient_is_mean_loss_plus_prior(data):
         assert torch.equal(moved.sign(), -p0[p0.abs() > 1e-2].sign())
 
 
+@pytest.mark.parametrize(
+    "make", [lambda m: MAP(m, N), lambda m: MCDropout(m, N, mc_samples=2)], ids=["map", "mc2"]
+)
+def test_nonfinite_or_missing_gradients_are_refused_in_every_form(data, make):
+    """The manual form (backward, then step()) and MC dropout's averaged masks refuse what the closure form
+    does: a NaN gradient (named by its parameter) and a step without any gradient; Adam's state stays
+    empty."""
+    x, y = data
+    model = _mlp()
+    opt = make(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    bad_y = y.clone()
+    bad_y[3] = float("nan")
+    closure = _closure(opt, model, x, bad_y)
+    if opt.mc_samples == 1:  # the manual form
+        closure()
+        closure = None
+    with pytest.raises(
+        ngvi.NonFiniteGradientError, match=r"param_groups\[\d\]\['params'\]\[\d\] \(shape .*unchanged"
+    ):
+        opt.step(closure)
+    opt.zero_grad()
+    with pytest.raises(RuntimeError, match=r"\.step\(\): no parameter has a gradient"):
+        opt.step()
+    assert all(torch.equal(p, p0) for p, p0 in zip(model.parameters(), before, strict=True))
+    assert not opt.state
+
+
 def test_map_predicts_its_point_estimate(data):
     x, _ = data
     model = _mlp().eval()
@@ -164,7 +192,7 @@ def test_dropout_modes_restored_when_the_block_raises():
 def test_mc_dropout_needs_a_model_with_dropout():
     with pytest.raises(ValueError, match="no dropout"):
         MCDropout(nn.Linear(3, 1), N)
-    with pytest.raises(ValueError, match="model"):
+    with pytest.raises(TypeError, match=r"MCDropout takes the model \(an nn\.Module\)"):
         MCDropout(list(nn.Linear(3, 1).parameters()), N)
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ngvi
-from optimizer_db import BAD_ARGUMENTS, TRAINERS, assert_same, params_of, trainers
+from optimizer_db import BAD_ARGUMENTS, TRAINERS, assert_same, params_of, saved, trainers
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True"),
@@ -31,6 +31,42 @@ pytestmark = [
 def test_bad_arguments_are_refused_with_a_clear_message(info, kwargs, message):
     with pytest.raises(ValueError, match=message):
         info.build(info.model(), **kwargs)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**70, True], ids=["-1", "2**63", "2**70", "True"])
+@pytest.mark.parametrize("info", trainers(lambda info: info.engine))
+def test_seed_is_checked_in_the_constructor(info, seed):
+    """Seeds torch's generators take but the checkpoint refuses (-1), or that overflowed only at the first
+    draw (2**70; never, for a trainer that draws nothing), are refused at once, by name and range."""
+    with pytest.raises(ValueError, match=rf"^seed must be an int in \[0, 2\*\*63\) or None, got {seed!r}$"):
+        info.build(info.model(), seed=seed)
+    opt = info.build(info.model(), seed=0)
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*63\)"):
+        opt.seed = seed
+    assert opt.seed == 0
+
+
+@pytest.mark.parametrize("info", trainers(lambda info: info.engine))
+def test_largest_seed_trains_and_its_checkpoint_reloads(info):
+    model = info.model()
+    opt = info.build(model, seed=2**63 - 1)
+    info.train(model, opt, 2)
+    fresh = info.build(info.model(), seed=0)
+    fresh.load_state_dict(saved(opt.state_dict()))
+    assert fresh.seed == 2**63 - 1
+    assert_same(saved(fresh.state_dict()), saved(opt.state_dict()))
+
+
+@pytest.mark.parametrize("info", trainers(lambda info: info.takes_model))
+def test_trainers_that_take_the_model_refuse_its_parameters_with_a_type_error(info):
+    name = info.cls.__name__
+    model = info.model()
+    for params, kind in ((model.parameters(), "generator"), (list(model.parameters()), "list")):
+        with pytest.raises(
+            TypeError,
+            match=rf"^{name} takes the model \(an nn\.Module\) .*, got {kind}; write {name}\(model, ",
+        ):
+            info.factory(params)
 
 
 @pytest.mark.parametrize("info", trainers())

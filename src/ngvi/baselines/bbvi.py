@@ -102,10 +102,7 @@ class BBVI(VariationalOptimizer):
         eps: float = 1e-8,
         **engine_kwargs: Any,
     ):
-        if not isinstance(model, nn.Module):
-            raise ValueError(
-                f"model must be a torch.nn.Module (BBVI hooks its Linear layers), got {type(model).__name__}"
-            )
+        check.model(model, "BBVI", "so that it can hook its Linear layers")
         if not isinstance(local_reparam, bool):
             raise ValueError(f"local_reparam must be a bool, got {local_reparam!r}")
         params = [p for p in model.parameters() if p.requires_grad]

@@ -74,7 +74,8 @@ class KFAC(NoisyKFAC):
         loss_reduction: str = "mean",
         **engine_kwargs: Any,
     ):
-        if mc_samples != 1:
+        check.model(model, "KFAC", "so that it can hook its layers")  # (not NoisyKFAC's name)
+        if check.positive_int("mc_samples", mc_samples) != 1:
             raise ValueError(
                 f"KFAC is a point estimate: its gradient is taken at the weights, so mc_samples must be 1, "
                 f"got {mc_samples!r}"

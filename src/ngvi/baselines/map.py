@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from .. import _validation as check
+from .._tensorlist import TensorList
+from ..optim.base import NonFiniteGradientError
 from ..optim.diagnostics import Diagnostics
 
 __all__ = ["MAP"]
@@ -58,7 +60,7 @@ class MAP(torch.optim.Adam):
         eps: float = 1e-8,
         mc_samples: int = 1,
     ):
-        if mc_samples != 1:
+        if check.positive_int("mc_samples", mc_samples) != 1:
             raise ValueError(
                 f"MAP is a point estimate: every sample is the same, so mc_samples must be 1, got "
                 f"{mc_samples!r}"
@@ -89,12 +91,44 @@ class MAP(torch.optim.Adam):
 
     def step(self, closure: Any = None) -> Any:
         """Adam's step, with each group's weight decay λ/N read from its current ``prior_prec`` and
-        ``data_size``."""
+        ``data_size``. Like every ngvi trainer it refuses a step without any gradient (RuntimeError) and a
+        NaN or Inf gradient or loss (:class:`~ngvi.NonFiniteGradientError`), changing nothing."""
         for group in self.param_groups:
             check.data_size(group["data_size"])
             check.nonnegative("prior_prec", group["prior_prec"])
             group["weight_decay"] = self._weight_decay(group)
-        return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_gradients(loss[0] if isinstance(loss, tuple | list) else loss)
+        super().step()
+        return loss
+
+    def _check_gradients(self, loss: Any) -> None:
+        """Torch's Adam would apply a NaN and step silently without gradients; refuse both before it runs."""
+        name = type(self).__name__
+        places = [
+            (f"param_groups[{gi}]['params'][{j}] (shape {tuple(p.shape)})", p.grad)
+            for gi, group in enumerate(self.param_groups)
+            for j, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+        if not places and any(p.requires_grad for g in self.param_groups for p in g["params"]):
+            raise RuntimeError(
+                f"{name}.step(): no parameter has a gradient, so there is nothing to update (the parameters "
+                "and Adam's state are left as they were). Does the closure call loss.backward() or "
+                "opt.backward(loss, output)?"
+            )
+        loss_finite = not isinstance(loss, torch.Tensor) or bool(torch.isfinite(loss).all())
+        if loss_finite and TensorList([g for _, g in places]).all_finite():
+            return
+        bad = [where for where, g in places if not bool(torch.isfinite(g).all())]
+        what = ", ".join(bad) or f"the loss ({loss.item() if loss.numel() == 1 else 'non-finite'})"
+        raise NonFiniteGradientError(
+            f"{name}: non-finite gradient in {what}. The parameters and optimizer state are unchanged. "
+            "Check the loss for NaN/Inf or lower the learning rate."
+        )
 
     def _weight_decay(self, group: dict[str, Any]) -> float:
         """λ/N: Adam adds weight_decay·θ to the gradient of the mean loss, i.e. the prior's (λ/N)θ."""

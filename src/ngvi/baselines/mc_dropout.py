@@ -85,8 +85,7 @@ class MCDropout(MAP):
         eps: float = 1e-8,
         mc_samples: int = 1,
     ):
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"model must be a torch.nn.Module with dropout, got {type(model).__name__}")
+        check.model(model, "MCDropout", "so that it can find its dropout modules")
         self._dropouts = [m for m in model.modules() if isinstance(m, _DROPOUT)]
         if not self._dropouts:
             raise ValueError(

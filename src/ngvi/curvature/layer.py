@@ -64,11 +64,7 @@ class LayerCurvature(CurvatureEstimator):
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"{self.owner} takes the model (an nn.Module) so that it can hook its layers, got "
-                f"{type(model).__name__}; write {self.owner}(model, data_size, ...)"
-            )
+        check.model(model, self.owner, "so that it can hook its layers")
         self.targets = check.choice("curvature", targets, TARGETS)
         self.name = targets
         if targets == "fisher":

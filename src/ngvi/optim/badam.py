@@ -42,7 +42,7 @@ class BAdam(VariationalOptimizer):
         mc_samples: int = 1,
         **engine_kwargs: Any,
     ):
-        if mc_samples != 1:
+        if check.positive_int("mc_samples", mc_samples) != 1:
             raise ValueError(
                 f"BAdam takes its gradient at the mean (it is Adam), so mc_samples must be 1, got "
                 f"{mc_samples!r}; for sampled gradients use ngvi.Vadam"

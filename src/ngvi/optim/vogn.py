@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _validation as check
 from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
@@ -57,7 +58,7 @@ class VOGN(VON):
     Args:
         model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
             nn.GroupNorm layers (others get a ValueError naming them).
-        data_size: N.  lr: α.  beta: β, the curvature step.  momentum: γ of the natural momentum.
+        data_size: N.  lr: α.  beta: β ∈ (0, 1], the curvature step.  momentum: γ of the natural momentum.
         prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
         mc_samples: samples per step.
         curvature: "ef" (per-example gradients of the closure's loss) or "fisher" (sampled targets).
@@ -139,6 +140,11 @@ class VOGN(VON):
             torch.add(st["hess"], prior_tilde, out=buf)
         torch._foreach_rsqrt_(inv_std)
         torch._foreach_addcmul_(params.tensors, noise.tensors, inv_std, 1.0 / math.sqrt(group["data_size"]))
+
+    def _check_group(self, group):
+        # β = 0 would keep s at its start forever: the Gauss-Newton estimate would never reach q
+        check.unit_interval("beta", group["beta"], closed_low=False, closed_high=True)
+        super()._check_group(group)
 
     def _update(self, group, means, grads, curvs, states):
         # ``curvs`` is the engine's temporary for this step; once s has absorbed it, it holds s + λ̃.

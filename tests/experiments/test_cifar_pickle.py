@@ -181,7 +181,10 @@ ATTACKS = {
         r"refused the dtype state \(3, b'\|', None, None, None, -1, -1, 63\)",
     ),
     # a forged scalar: an object pointer read from the file (it would crash at 0x4141414141414141)
-    "forged_scalar": (b"\x80\x02" + SCALAR + O8_FLAGS0 + b"U\x08AAAAAAAA\x86R.", "refused the global"),
+    "forged_scalar": (
+        b"\x80\x02" + SCALAR + O8_FLAGS0 + b"U\x08AAAAAAAA\x86R.",
+        r"at byte 2 \(GLOBAL\): refused the global 'numpy\.core\.multiarray\.scalar'",
+    ),
     # struct dtypes with object fields, and a field at an offset far outside the item
     "struct_object_fields": (
         batch(array(dtype(b"V9", STRUCT_STATE + b"K\tK\x01K?t"), b"K\x01\x85", b"A" * 9)),

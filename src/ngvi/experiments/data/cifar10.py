@@ -5,24 +5,22 @@ The folder (``cifar-10-batches-py``, as unpacked from ``cifar-10-python.tar.gz``
 ``b"data"`` (uint8 [10000, 3072], the red, green and blue planes of each 32×32 image, row-major) and
 ``b"labels"`` (a list of ints). Nothing is downloaded.
 
-**A pickle is a program**, not data: unpickling calls whatever callables the file names. These files are
-read with :class:`RestrictedUnpickler`, which admits only what the batches contain — dicts, lists, str and
-bytes, ints and floats (pickle's own opcodes, no callables), and numpy arrays, through the two numpy
-functions that rebuild them — and refuses every other global (``os.system``, ``builtins.eval``, …) with an
-``UnpicklingError`` before anything runs.
+**A pickle is a program**, not data: unpickling calls whatever callables the file names, and even numpy's
+own array rebuilders can be steered into reading pointers from the file (issue 20). So these files are read by
+:func:`ngvi.experiments.data._safe_pickle.loads`, which runs nothing: it builds dicts, lists, str, bytes and
+ints itself, and the uint8 image array from its raw bytes; anything else is refused with a ``ValueError``.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 
 from ._files import DataNotFoundError, PathLike
+from ._safe_pickle import loads
 
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCHES = ("test_batch",)
@@ -31,56 +29,23 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
-# The globals a pickled numpy array needs: numpy's array rebuilder (module name of numpy 1.x and 2.x),
-# the ndarray and dtype classes it is called with, numpy's scalar rebuilder and its protocol-5 buffer
-# reader; and _codecs.encode, with
-# which Python 3 writes bytes in pickle protocols 0-2 (a pure str -> bytes conversion).
-_ALLOWED = {
-    ("_codecs", "encode"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"),  # protocol 5
-    ("numpy._core.numeric", "_frombuffer"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-}
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """An Unpickler that resolves only numpy's array-rebuilding globals; any other global is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _ALLOWED:
-            raise pickle.UnpicklingError(
-                f"refusing to load {module}.{name} from a data pickle: only numpy arrays, lists, dicts, "
-                "str and bytes are admitted (a pickle that names other callables can run code)"
-            )
-        if module.startswith("numpy.core"):  # numpy 2 keeps the 1.x names only as deprecated aliases
-            module = "numpy._core" + module[len("numpy.core") :] if hasattr(np, "_core") else module
-        return getattr(__import__(module, fromlist=[name]), name)
-
-
-def restricted_loads(data: bytes) -> Any:
-    """Unpickle ``data`` with :class:`RestrictedUnpickler` (Python 2 strings are read as bytes)."""
-    return RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
-
 
 def _batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    batch = restricted_loads(path.read_bytes())
+    """The images [n, 3072] and labels [n] of one batch file, checked."""
+    hint = "use the batch files unpacked from cifar-10-python.tar.gz"
+    batch = loads(path.read_bytes(), f"CIFAR-10 batch {path}")
     if not isinstance(batch, dict):
-        raise ValueError(f"{path} is not a CIFAR-10 batch (a pickled dict), got {type(batch).__name__}")
+        raise ValueError(f"{path} is not a CIFAR-10 batch (a dict) but a {type(batch).__name__}: {hint}")
     get = lambda key: batch.get(key.encode(), batch.get(key))  # noqa: E731 (Python 2 pickles: bytes keys)
     data, labels = get("data"), get("labels")
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-        raise ValueError(
-            f"{path}: 'data' must be a uint8 array [n, 3072], got {getattr(data, 'shape', data)}"
-        )
-    labels = np.asarray(labels, dtype=np.int64)
-    if labels.shape != (data.shape[0],) or labels.min(initial=0) < 0 or labels.max(initial=0) > 9:
-        raise ValueError(f"{path}: 'labels' must be {data.shape[0]} ints in 0..9")
-    return data, labels
+        shape = data.shape if isinstance(data, np.ndarray) else type(data).__name__
+        raise ValueError(f"{path}: 'data' must be a uint8 array [n, 3072], got {shape}: {hint}")
+    n = data.shape[0]
+    ok = isinstance(labels, list) and len(labels) == n
+    if not (ok and all(type(y) is int and 0 <= y <= 9 for y in labels)):
+        raise ValueError(f"{path}: 'labels' must be a list of {n} ints in 0..9: {hint}")
+    return data, np.array(labels, dtype=np.int64)
 
 
 def load_cifar10(
@@ -90,7 +55,7 @@ def load_cifar10(
 
     Raises:
         DataNotFoundError: a batch file is missing.
-        pickle.UnpicklingError: a file names a callable other than numpy's array rebuilders.
+        ValueError: a file is not a CIFAR-10 batch, or holds anything but plain data and a uint8 array.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")

@@ -127,7 +127,10 @@ class LayerCurvature(CurvatureEstimator):
             loss.backward()
 
     def mean_gradient_(self, grads: TensorList) -> None:
-        """With loss_reduction="sum", turn ĝ = ∇Σᵢfᵢ into the mean gradient (in place, so also p.grad)."""
+        """With loss_reduction="sum", turn ĝ = ∇Σᵢfᵢ into the mean gradient (in place, so also p.grad).
+        Every estimator starts here, so this is also where a sample of several backward passes (gradient
+        accumulation) is refused, also on steps that read no statistics."""
+        self.hooks.check_one_pass()
         if self.loss_reduction == "sum":
             grads.mul_(1.0 / self.hooks.batch_size())
 

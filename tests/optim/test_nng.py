@@ -241,6 +241,43 @@ def test_blktri_refuses_layers_outside_a_linear_chain():
         ngvi.NNGBlkTri(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 1)), 10)
 
 
+class Branches(nn.Module):
+    """Not a chain: a and b both read x (``"branches"``), or a's output also skips b to c (``"skip"``)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.a, self.b = nn.Linear(3, 4).double(), nn.Linear(3 if kind == "branches" else 4, 4).double()
+        self.c = nn.Linear(8 if kind == "branches" else 4, 2).double()
+
+    def forward(self, x):
+        if self.kind == "branches":
+            return self.c(torch.tanh(torch.cat([self.a(x), self.b(x)], dim=1)))
+        h = torch.tanh(self.a(x))
+        return self.c(torch.tanh(self.b(h)) + h)
+
+
+@pytest.mark.parametrize(("kind", "pair"), [("branches", "'a' and 'b'"), ("skip", "'a' and 'c'")])
+def test_blktri_refuses_a_model_that_is_not_a_chain(kind, pair):
+    """M&G's directed model needs each layer's input to be a function of the previous layer's output only."""
+    model = Branches(kind)
+    opt = ngvi.NNGBlkTri(model, 10, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with pytest.raises(ValueError, match=rf"not a chain: {pair}.*Use ngvi.NoisyKFAC"):
+        opt.step(closure)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    assert opt.num_steps == 0 and opt.accumulator.count == 0
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Plain K-FAC
 # ------------------------------------------------------------------------------------------------------------

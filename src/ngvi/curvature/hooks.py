@@ -72,6 +72,8 @@ class HookedLayer:
 class _Record(statistics.Call):
     x_version: int = 0
     pass_index: int = 0  # the backward passes that had reached the hooks when this call ran
+    x_node: Any = None  # autograd nodes of the input and the output (NNGBlkTri checks that the layers chain)
+    out_node: Any = None
     output: Tensor | None = None  # kept only in "sampled" mode, as an input of the sampled backward pass
     out_version: int = 0
 
@@ -239,6 +241,7 @@ class CurvatureHooks:
         record = _Record(
             x.detach(), x_version=x._version, pass_index=self._passes, out_version=output._version
         )
+        record.x_node, record.out_node = x.grad_fn, output.grad_fn
         if self._capture == "sampled":
             record.output = output
         output.register_hook(partial(self._on_grad, record))

@@ -145,9 +145,24 @@ def lam(chain: list[ChainLayer], z: list[Tensor]) -> list[Tensor]:
             for c, zi in zip(chain, z, strict=True)]  # fmt: skip
 
 
+def orthogonal_factor(basis: Tensor) -> Tensor:
+    """E of K = TE with T upper triangular (positive diagonal) and E orthogonal: generalized_eigh's
+    K = L⁻ᵀE_eigh gives E = E_eigh. Unique, from a QR decomposition of KᵀP (P reverses the order)."""
+    q, r = torch.linalg.qr(basis.mT.flip(-1))
+    q = q * torch.diagonal(r, dim1=-2, dim2=-1).sign().unsqueeze(-2)
+    return q.flip(-1).mT
+
+
 def lam_sqrt(chain: list[ChainLayer], eps: list[Tensor]) -> list[Tensor]:
-    """Rε with RRᵀ = Λ: per layer K_S [ε ⊙ √D] K_Aᵀ."""
-    return [c.row_basis @ (e * c.weights().sqrt()) @ c.col_basis.mT for c, e in zip(chain, eps, strict=True)]
+    """Rε with RRᵀ = Λ: per layer K_S [(E_Sᵀ ε E_A) ⊙ √D] K_Aᵀ, i.e. R = (K_S⊗K_A) diag(√D) (E_S⊗E_A)ᵀ with E
+    the :func:`orthogonal_factor` of K. This R = L⁻ᵀ f(M) is a spectral function of M (the eigh'd matrix),
+    so it does not depend on the basis eigh picks in a degenerate eigenspace (K √D alone would: ranks whose
+    factors differ by round-off, or two runs, would then draw differently from the same ε)."""
+    out = []
+    for c, e in zip(chain, eps, strict=True):
+        rows, cols = orthogonal_factor(c.row_basis), orthogonal_factor(c.col_basis)
+        out.append(c.row_basis @ ((rows.mT @ e @ cols) * c.weights().sqrt()) @ c.col_basis.mT)
+    return out
 
 
 def precondition(chain: list[ChainLayer], v: list[Tensor]) -> list[Tensor]:

@@ -14,6 +14,11 @@ model stays free of hooks, picklable and deep-copyable between steps.
   Σᵢ −log p(ỹᵢ | outputᵢ) to the layer outputs (the curvature), and finally calls ``loss.backward()`` (the
   gradient ĝ, from the real targets).
 
+* One backward pass per sample: gradient accumulation over micro-batches inside one sample is refused (a
+  RuntimeError that names the fix: one forward over the concatenated batch, or one
+  ``sampled_params(train=True)`` block per micro-batch before ``step()``). A layer called several times in
+  one forward pass (shared weights) is one graph and one backward pass, and is supported.
+
 **Sums.** With ``loss_reduction="sum"`` the closure returns Σᵢ fᵢ; the per-example gradients are read
 unscaled and ĝ is divided by M, so the update still sees the mean gradient.
 """

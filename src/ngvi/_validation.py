@@ -157,3 +157,17 @@ def prior_var(prior_var: Any, prior_prec: Any) -> float:
     if prior_var is not None:
         raise ValueError("pass prior_var= or prior_prec= (= 1/prior_var), not both")
     return 1.0 / positive("prior_prec", prior_prec)
+
+
+def nonempty_params(owner: str, params: list[Any], group_index: int, names: dict[int, str] | None) -> None:
+    """ValueError naming the first trainable parameter with no elements (``nn.Linear(4, 0)``): nothing to
+    learn, and the per-layer statistics of the structured rules are undefined for it. ``names`` maps
+    ``id(param)`` to its name in the model, where the optimizer knows the model."""
+    for j, p in enumerate(params):
+        if p.requires_grad and p.numel() == 0:
+            name = (names or {}).get(id(p))
+            where = f"'{name}'" if name else f"param_groups[{group_index}]['params'][{j}]"
+            raise ValueError(
+                f"{owner}: parameter {where} has shape {tuple(p.shape)} and no elements; remove its layer "
+                "or freeze it (requires_grad_(False)) before creating the optimizer"
+            )

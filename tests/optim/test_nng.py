@@ -15,6 +15,7 @@ from torch import nn
 import ngvi
 from conftest import fit_full_batch_regression
 from ngvi.baselines import KFAC
+from ngvi.curvature import tridiagonal
 from ngvi.posterior_full import dense_covariance, flatten
 
 
@@ -239,6 +240,72 @@ def test_blktri_step_is_the_natural_gradient_of_the_tridiagonal_fisher():
 def test_blktri_refuses_layers_outside_a_linear_chain():
     with pytest.raises(ValueError, match=r"'0' \(nn.Conv2d\).*Use ngvi.NoisyKFAC"):
         ngvi.NNGBlkTri(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 1)), 10)
+
+
+def test_blktri_draw_does_not_depend_on_the_eigenbasis_of_degenerate_factors():
+    """Rε with RRᵀ = Λ: rotating K within an eigenspace of equal e (degenerate factors leave eigh's basis
+    arbitrary) changes neither Λ nor the draw, so ranks with round-off-different factors draw alike."""
+    gen = torch.Generator().manual_seed(0)
+    x1 = torch.randn(5, 5, generator=gen, dtype=torch.float64)
+    x1 = x1 @ x1.mT + torch.eye(5, dtype=torch.float64)
+    v = torch.randn(5, 2, generator=gen, dtype=torch.float64)
+    k_s, e_s = tridiagonal.generalized_eigh(x1, 0.1 * v @ v.mT)  # rank 2: e_s has three zeros
+    u = torch.randn(3, 1, generator=gen, dtype=torch.float64)
+    k_a, e_a = tridiagonal.generalized_eigh(
+        2 * torch.eye(3, dtype=torch.float64), 0.5 * u @ u.mT
+    )  # two zeros
+    rot = torch.linalg.qr(torch.randn(3, 3, generator=gen, dtype=torch.float64))[0]
+    turn_s, turn_a = torch.eye(5, dtype=torch.float64), torch.eye(3, dtype=torch.float64)
+    turn_s[:3, :3] = rot  # eigenvalues ascend: the zeros come first
+    turn_a[:2, :2] = torch.tensor([[0.6, -0.8], [0.8, 0.6]], dtype=torch.float64)
+    chains = [
+        [tridiagonal.ChainLayer(k_s, k_a, e_s, e_a)],
+        [tridiagonal.ChainLayer(k_s @ turn_s, k_a @ turn_a, e_s, e_a)],
+    ]
+    eye = torch.eye(15, dtype=torch.float64).reshape(15, 5, 3)
+    dense = [tridiagonal.lam(c, [eye])[0].reshape(15, 15) for c in chains]
+    torch.testing.assert_close(dense[0], dense[1], rtol=0, atol=1e-12)  # the same Λ
+    roots = [tridiagonal.lam_sqrt(c, [eye])[0].reshape(15, 15).mT for c in chains]  # columns R e_j
+    assert 0.3 < (e_s[:, None] * e_a).max() < 0.9  # distinct weights D beside the degenerate ones
+    torch.testing.assert_close(roots[0] @ roots[0].mT, dense[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(roots[0], roots[1], rtol=0, atol=1e-12)
+
+
+class Branches(nn.Module):
+    """Not a chain: a and b both read x (``"branches"``), or a's output also skips b to c (``"skip"``)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.a, self.b = nn.Linear(3, 4).double(), nn.Linear(3 if kind == "branches" else 4, 4).double()
+        self.c = nn.Linear(8 if kind == "branches" else 4, 2).double()
+
+    def forward(self, x):
+        if self.kind == "branches":
+            return self.c(torch.tanh(torch.cat([self.a(x), self.b(x)], dim=1)))
+        h = torch.tanh(self.a(x))
+        return self.c(torch.tanh(self.b(h)) + h)
+
+
+@pytest.mark.parametrize(("kind", "pair"), [("branches", "'a' and 'b'"), ("skip", "'a' and 'c'")])
+def test_blktri_refuses_a_model_that_is_not_a_chain(kind, pair):
+    """M&G's directed model needs each layer's input to be a function of the previous layer's output only."""
+    model = Branches(kind)
+    opt = ngvi.NNGBlkTri(model, 10, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with pytest.raises(ValueError, match=rf"not a chain: {pair}.*Use ngvi.NoisyKFAC"):
+        opt.step(closure)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    assert opt.num_steps == 0 and opt.accumulator.count == 0
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ however nested, with functional activations in between) and, while :meth:`~Curva
 
 A layer called several times in one forward pass gets one record per call; the statistics pool them (see
 :mod:`ngvi.curvature.statistics`). Calls made under ``torch.no_grad()`` or whose output gets no gradient
-are ignored.
+are ignored. A second backward pass in one recording (gradient accumulation over micro-batches) is refused
+when the statistics are read: pooled as calls of one layer, example i of each micro-batch would be taken for
+one example.
 
 **The loss's reduction.** ``loss_reduction="mean"`` (the ngvi convention: the closure returns
 :math:`\frac1M\sum_i f_i`) leaves :math:`\frac1M\nabla_s f_i` at a layer output, so the recorded gradient is
@@ -69,6 +71,9 @@ class HookedLayer:
 @dataclass(eq=False)
 class _Record(statistics.Call):
     x_version: int = 0
+    pass_index: int = 0  # the backward passes that had reached the hooks when this call ran
+    x_node: Any = None  # autograd nodes of the input and the output (NNGBlkTri checks that the layers chain)
+    out_node: Any = None
     output: Tensor | None = None  # kept only in "sampled" mode, as an input of the sampled backward pass
     out_version: int = 0
 
@@ -180,6 +185,9 @@ class CurvatureHooks:
         self._capture: str | None = None
         self._accepting = False  # tensor hooks store gradients only while this is set
         self._stray_backward = False  # a backward pass ran in "sampled" mode before backward_sampled()
+        self._passes = 0  # backward passes seen: counted at the first forward call after a gradient arrived
+        self._grad_seen = False
+        self._repeated = False  # a call's output got a gradient twice (a second backward through one graph)
 
     @property
     def capture(self) -> str | None:
@@ -228,7 +236,12 @@ class CurvatureHooks:
         if not (torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad):
             return
         x = args[0] if args else kwargs["input"]
-        record = _Record(x.detach(), x_version=x._version, out_version=output._version)
+        if self._grad_seen:
+            self._passes, self._grad_seen = self._passes + 1, False
+        record = _Record(
+            x.detach(), x_version=x._version, pass_index=self._passes, out_version=output._version
+        )
+        record.x_node, record.out_node = x.grad_fn, output.grad_fn
         if self._capture == "sampled":
             record.output = output
         output.register_hook(partial(self._on_grad, record))
@@ -236,6 +249,8 @@ class CurvatureHooks:
 
     def _on_grad(self, record: _Record, grad: Tensor) -> None:
         if self._accepting:
+            self._grad_seen = True
+            self._repeated |= record.grad is not None
             record.grad = grad if record.grad is None else record.grad + grad
         elif self._capture == "sampled":
             self._stray_backward = True
@@ -249,15 +264,16 @@ class CurvatureHooks:
         """
         if self._capture != "sampled":
             raise RuntimeError("backward_sampled() needs an active recording('sampled') block")
+        records = [(i, r) for i, recs in self._records.items() for r in recs]
+        if any(r.grad is not None for _, r in records):
+            self._repeated = True
+            self.check_one_pass()
         if self._stray_backward:
             raise RuntimeError(
                 "a backward pass already ran through the model in this sample; with curvature='fisher' the "
                 "closure must not call backward(): return (loss, output) and the optimizer runs the backward "
                 "passes (the sampled-target one for the curvature, then loss.backward() for the gradient)"
             )
-        records = [(i, r) for i, recs in self._records.items() for r in recs]
-        if any(r.grad is not None for _, r in records):
-            raise RuntimeError("backward() was already called for this posterior sample")
         if not records:
             raise RuntimeError(
                 "no hooked layer ran with gradients enabled in this sample: compute the output inside the "
@@ -283,7 +299,20 @@ class CurvatureHooks:
     # ----------------------------------------------------------------------------------------------------
     # Statistics
     # ----------------------------------------------------------------------------------------------------
+    def check_one_pass(self) -> None:
+        """RuntimeError if more than one backward pass reached the hooks in this recording."""
+        passes = {r.pass_index for recs in self._records.values() for r in recs if r.grad is not None}
+        if self._repeated or len(passes) > 1:
+            raise RuntimeError(
+                "two backward passes reached the hooked layers in one posterior sample (gradient "
+                "accumulation over micro-batches?); per-example curvature would pool example i of each "
+                "micro-batch as one example. Either concatenate the micro-batches into one forward and "
+                "backward pass, or run one sampled_params(train=True) block per micro-batch and call "
+                "step() after them (the blocks are averaged as MC samples)"
+            )
+
     def _calls(self, index: int) -> list[_Record]:
+        self.check_one_pass()
         calls = [r for r in self._records.get(index, []) if r.grad is not None]
         for r in calls:
             if r.x._version != r.x_version:

@@ -14,6 +14,11 @@ model stays free of hooks, picklable and deep-copyable between steps.
   Σᵢ −log p(ỹᵢ | outputᵢ) to the layer outputs (the curvature), and finally calls ``loss.backward()`` (the
   gradient ĝ, from the real targets).
 
+* One backward pass per sample: gradient accumulation over micro-batches inside one sample is refused (a
+  RuntimeError that names the fix: one forward over the concatenated batch, or one
+  ``sampled_params(train=True)`` block per micro-batch before ``step()``). A layer called several times in
+  one forward pass (shared weights) is one graph and one backward pass, and is supported.
+
 **Sums.** With ``loss_reduction="sum"`` the closure returns Σᵢ fᵢ; the per-example gradients are read
 unscaled and ĝ is divided by M, so the update still sees the mean gradient.
 """
@@ -123,7 +128,10 @@ class LayerCurvature(CurvatureEstimator):
             loss.backward()
 
     def mean_gradient_(self, grads: TensorList) -> None:
-        """With loss_reduction="sum", turn ĝ = ∇Σᵢfᵢ into the mean gradient (in place, so also p.grad)."""
+        """With loss_reduction="sum", turn ĝ = ∇Σᵢfᵢ into the mean gradient (in place, so also p.grad).
+        Every estimator starts here, so this is also where a sample of several backward passes (gradient
+        accumulation) is refused, also on steps that read no statistics."""
+        self.hooks.check_one_pass()
         if self.loss_reduction == "sum":
             grads.mul_(1.0 / self.hooks.batch_size())
 

@@ -145,9 +145,24 @@ def lam(chain: list[ChainLayer], z: list[Tensor]) -> list[Tensor]:
             for c, zi in zip(chain, z, strict=True)]  # fmt: skip
 
 
+def orthogonal_factor(basis: Tensor) -> Tensor:
+    """E of K = TE with T upper triangular (positive diagonal) and E orthogonal: generalized_eigh's
+    K = L⁻ᵀE_eigh gives E = E_eigh. Unique, from a QR decomposition of KᵀP (P reverses the order)."""
+    q, r = torch.linalg.qr(basis.mT.flip(-1))
+    q = q * torch.diagonal(r, dim1=-2, dim2=-1).sign().unsqueeze(-2)
+    return q.flip(-1).mT
+
+
 def lam_sqrt(chain: list[ChainLayer], eps: list[Tensor]) -> list[Tensor]:
-    """Rε with RRᵀ = Λ: per layer K_S [ε ⊙ √D] K_Aᵀ."""
-    return [c.row_basis @ (e * c.weights().sqrt()) @ c.col_basis.mT for c, e in zip(chain, eps, strict=True)]
+    """Rε with RRᵀ = Λ: per layer K_S [(E_Sᵀ ε E_A) ⊙ √D] K_Aᵀ, i.e. R = (K_S⊗K_A) diag(√D) (E_S⊗E_A)ᵀ with E
+    the :func:`orthogonal_factor` of K. This R = L⁻ᵀ f(M) is a spectral function of M (the eigh'd matrix),
+    so it does not depend on the basis eigh picks in a degenerate eigenspace (K √D alone would: ranks whose
+    factors differ by round-off, or two runs, would then draw differently from the same ε)."""
+    out = []
+    for c, e in zip(chain, eps, strict=True):
+        rows, cols = orthogonal_factor(c.row_basis), orthogonal_factor(c.col_basis)
+        out.append(c.row_basis @ ((rows.mT @ e @ cols) * c.weights().sqrt()) @ c.col_basis.mT)
+    return out
 
 
 def precondition(chain: list[ChainLayer], v: list[Tensor]) -> list[Tensor]:
@@ -185,6 +200,7 @@ class TridiagonalFactors(LayerCurvature):
     def estimate(self, sample: CurvatureInput) -> TensorList | None:
         self.require_all(sample)
         self.mean_gradient_(sample.grads)
+        self._check_chain()
         if sample.num_steps % sample.group["stats_every"] != 0:
             return None
         acts, grads = self._chain_records()
@@ -201,17 +217,18 @@ class TridiagonalFactors(LayerCurvature):
             out.append(factors[i] if p is self.hooks.layers[i].params[0] else p.new_zeros(1))
         return TensorList(out)
 
-    def _chain_records(self) -> tuple[list[Tensor], list[Tensor]]:
-        """Per layer, ā = (x, 1) [M, d'] and the per-example output gradients g [M, o] of this sample."""
+    def _check_chain(self) -> None:
+        """Every sample: the layers ran in registration order, once each, on [batch, features] inputs, and
+        each layer's input reads the previous layer's output and no earlier layer's (through autograd's
+        graph of this forward pass; inputs that carry no gradient are not seen)."""
         hooks = self.hooks
-        scale = hooks._scale(hooks.batch_size())
         if list(hooks._records) != list(range(len(hooks.layers))):
             names = [hooks.layers[i].name for i in hooks._records]
             raise RuntimeError(
                 f"NNGBlkTri links each Linear layer to the next in the order the model registers them "
                 f"({[layer.name for layer in hooks.layers]}), but the forward pass ran {names}"
             )
-        acts, grads = [], []
+        records = []
         for i, layer in enumerate(hooks.layers):
             calls = hooks._calls(i)
             if len(calls) != 1 or calls[0].x.dim() != 2:
@@ -220,6 +237,26 @@ class TridiagonalFactors(LayerCurvature):
                     f"NNGBlkTri needs each layer called once per forward pass on [batch, features] inputs; "
                     f"layer '{layer.name}' ran {len(calls)} time(s) (input {shape})"
                 )
+            records.append(calls[0])
+        outputs = {r.out_node: i for i, r in enumerate(records)}
+        for k in range(1, len(records)):
+            reached = _upstream_layers(records[k].x_node, outputs)
+            names = [hooks.layers[j].name for j in (k - 1, k)]
+            if k - 1 not in reached:
+                raise ValueError(_not_a_chain(*names, f"the input of '{names[1]}' does not read the output "
+                                              f"of '{names[0]}'"))  # fmt: skip
+            if len(reached) > 1:
+                other = hooks.layers[min(reached)].name
+                raise ValueError(_not_a_chain(other, names[1], f"the input of '{names[1]}' also reads the "
+                                              f"output of '{other}', past '{names[0]}'"))  # fmt: skip
+
+    def _chain_records(self) -> tuple[list[Tensor], list[Tensor]]:
+        """Per layer, ā = (x, 1) [M, d'] and the per-example output gradients g [M, o] of this sample."""
+        hooks = self.hooks
+        scale = hooks._scale(hooks.batch_size())
+        acts, grads = [], []
+        for i, layer in enumerate(hooks.layers):
+            calls = hooks._calls(i)
             dtype = layer.weight.dtype
             x, g = calls[0].x.to(dtype), calls[0].grad.to(dtype) * scale
             if layer.bias is not None:
@@ -227,3 +264,27 @@ class TridiagonalFactors(LayerCurvature):
             acts.append(x)
             grads.append(g)
         return acts, grads
+
+
+def _upstream_layers(node: Any, outputs: dict[Any, int]) -> set[int]:
+    """The layers (values of ``outputs``, keyed by their output's autograd node) whose outputs the tensor
+    of ``node`` depends on directly, i.e. not through another of these layers."""
+    found, seen, stack = set(), set(), [node]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node in outputs:
+            found.add(outputs[node])
+        else:
+            stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def _not_a_chain(first: str, second: str, why: str) -> str:
+    return (
+        f"NNGBlkTri's block-tridiagonal posterior links each layer to the next (M&G's directed model), but "
+        f"the model is not a chain: '{first}' and '{second}': {why}. Use ngvi.NoisyKFAC (block-diagonal) "
+        "or ngvi.NNGFull"
+    )

@@ -107,7 +107,8 @@ class LocalPreactivations:
             raise RuntimeError(
                 f"NoisyKFAC(sampling={self.mode!r}): layer '{name}' was called twice in one forward pass, "
                 "but its first call was sampled per example; both calls must see one weight draw. Create "
-                "NoisyKFAC(..., sampling='weights')"
+                "NoisyKFAC(..., sampling='weights'). If this is gradient accumulation (a second micro-batch "
+                "in one sample), concatenate the micro-batches into one forward pass instead"
             )
         rows, outs, cols = x.shape[0] * self._world(), module.out_features, state["A_root"].shape[-1]
         local = x.dim() == 2 and rows * (2.0 * cols * cols + outs * outs) < outs * cols * (outs + cols)

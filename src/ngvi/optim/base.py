@@ -197,7 +197,15 @@ class VariationalOptimizer(Optimizer):
         if self.takes_model and self.param_groups:
             raise ValueError(f"{type(self).__name__} {check.MODEL_GROUPS}")
         super().add_param_group(param_group)
-        self._check_group(self.param_groups[-1])
+        try:
+            names = {id(p): n for n, p in self.model.named_parameters()} if self.takes_model else None
+            check.nonempty_params(
+                type(self).__name__, self.param_groups[-1]["params"], len(self.param_groups) - 1, names
+            )
+            self._check_group(self.param_groups[-1])
+        except ValueError:
+            self.param_groups.pop()  # a refused group leaves the optimizer as it was
+            raise
 
     def state_of(self, group: dict[str, Any], p: Tensor) -> dict[str, Any]:
         """p's state, created at first use."""

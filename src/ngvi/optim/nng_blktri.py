@@ -19,7 +19,10 @@ tridiagonal): the posterior then has the full cross-layer covariance of the Kron
 The posterior covariance (λ/N)ΞᵀΛΞ is block tridiagonal (:class:`~ngvi.BlockTridiagonalGaussian`).
 
 Sampling draws the layers jointly, w − μ = √(λ/N) ΞᵀRε with RRᵀ = Λ; like Alg. 2 one draw is shared by the
-minibatch. The model must be a chain of nn.Linear layers (an MLP) run in the order it registers them.
+minibatch. The model must be a chain of nn.Linear layers (an MLP) run in the order it registers them, each
+reading only the previous layer's output (checked in every sample; branches and skips are refused). R is
+:func:`~ngvi.curvature.tridiagonal.lam_sqrt`'s, which is independent of the eigenbasis that degenerate factors
+leave arbitrary, so ranks and reruns draw alike.
 Schedules, the start (``init_prec``: A₀ = S₀ = I by default, none between layers; ``None``: zeros and the
 warm start) and momentum are noisy K-FAC's.
 """

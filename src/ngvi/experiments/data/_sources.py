@@ -38,7 +38,8 @@ class FileSource:
 
     ``fix`` names the change made after download (``None``: byte-identical to ``url``):
     ``"drop_first_line"``, ``"adult_test_header"``, ``"regzip"`` (re-compressed MNIST) or
-    ``"usps_3vs5"`` (derived from ``usps/zip.train.gz`` and ``usps/zip.test.gz``; ``url`` is ``None``).
+    ``"usps_3vs5"`` (derived from ``usps/zip.train.gz`` and ``usps/zip.test.gz``; ``url`` is ``None``) or
+    ``"debian_kjv"`` (dumped by Debian's ``bible`` program; ``url`` is ``None``).
     """
 
     dataset: str
@@ -103,4 +104,7 @@ def file_source(rel: str) -> FileSource:
         }
         fix, upstream = fixes.get(name, (None, None))
         return FileSource("UCI Adult", *_github(_ADULT, name), fix=fix, upstream_sha256=upstream)
+    if rel == "text/kjv.txt":  # the stand-in for War and Peace (MANIFEST.md §5)
+        page = "https://packages.debian.org/bible-kjv-text"
+        return FileSource("King James Version, Debian's bible-kjv-text 4.38", page, None, fix="debian_kjv")
     raise KeyError(f"no known source for data file {rel!r}")

@@ -21,6 +21,9 @@ import gzip
 import hashlib
 import io
 import os
+import re
+import shutil
+import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +74,18 @@ def derive_usps_3vs5(train_gz: bytes, test_gz: bytes) -> bytes:
     return buf.getvalue()
 
 
+def _dump_kjv() -> bytes:
+    """``text/kjv.txt`` as MANIFEST.md §5 made it: Debian's ``bible`` dump, one verse a line, no reference."""
+    if shutil.which("bible") is None:
+        raise ChecksumError(
+            "text/kjv.txt is dumped from Debian's Bible package: `apt-get install bible-kjv` (it brings "
+            "bible-kjv-text 4.38), then run this download again"
+        )
+    dump = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, check=True).stdout
+    lines = dump.decode("ascii").splitlines(keepends=True)
+    return "".join(re.sub(r"^[0-9]?[A-Za-z]+[0-9]+:[0-9]+ ", "", line) for line in lines).encode("ascii")
+
+
 def _check_upstream(rel: str, raw: bytes, expected: str | None) -> None:
     if expected is not None and hashlib.sha256(raw).hexdigest() != expected:
         raise ChecksumError(f"the upstream copy of {rel!r} is not the expected one (sha256 differs)")
@@ -81,6 +96,8 @@ def _build(rel: str, root: Path, fetch: Fetch) -> bytes:
     if src.fix == "usps_3vs5":
         train, test = (root / "usps/zip.train.gz").read_bytes(), (root / "usps/zip.test.gz").read_bytes()
         return derive_usps_3vs5(train, test)
+    if src.fix == "debian_kjv":
+        return _dump_kjv()
     assert src.url is not None
     raw = fetch(src.url)
     _check_upstream(rel, raw, src.upstream_sha256)

@@ -108,3 +108,23 @@ def test_end_sample_without_a_sample_says_what_to_do():
     opt = info.build(info.model())
     with pytest.raises(RuntimeError, match=r"no sample is open \(begin_sample\(\) first\)"):
         opt.end_sample()
+
+
+@pytest.mark.parametrize("info", trainers(lambda i: i.manual_form == "adam"))
+def test_adam_baselines_have_the_callback_form_too(info):
+    """MAP and MC dropout: begin/end_sample is their sampled_params (dropout on inside, modes restored);
+    a discarded sample's gradients are dropped, so the next step() refuses instead of applying them."""
+    model = info.model()
+    model.eval()
+    opt = info.build(model)
+    x, y = info.batch()
+    opt.begin_sample(train=True)
+    assert opt.in_sample
+    assert all(m.training for m in getattr(opt, "_dropouts", ()))  # MC dropout samples through its masks
+    info.closure(opt, model, x, y)()
+    opt.end_sample(discard=True)
+    assert not opt.in_sample and not any(m.training for m in model.modules())
+    with pytest.raises(RuntimeError, match="no parameter has a gradient"):
+        opt.step()
+    with pytest.raises(RuntimeError, match="no sample is open"):
+        opt.end_sample()

@@ -143,6 +143,28 @@ class MAP(torch.optim.Adam):
         """The point estimate: the weights are left as they are (``train`` is accepted for the ngvi API)."""
         yield
 
+    def begin_sample(self, train: bool = False) -> None:
+        """The callback form of :meth:`sampled_params` (as :meth:`ngvi.VariationalOptimizer.begin_sample`)."""
+        if self.in_sample:
+            raise RuntimeError("a sample is already open: call end_sample() first")
+        scope = self.sampled_params(train=train)
+        scope.__enter__()
+        self._open_sample = scope
+
+    def end_sample(self, discard: bool = False) -> None:
+        """Close the sample; ``discard`` drops its gradients (``zero_grad()``): no step from a failed pass."""
+        if not self.in_sample:
+            name = type(self).__name__
+            raise RuntimeError(f"{name}.end_sample(): no sample is open (begin_sample() first)")
+        scope, self._open_sample = self._open_sample, None
+        scope.__exit__(None, None, None)
+        if discard:
+            self.zero_grad()
+
+    @property
+    def in_sample(self) -> bool:
+        return getattr(self, "_open_sample", None) is not None
+
     def diagnostics(self) -> Diagnostics:
         """Steps and data size; a point estimate has no variance to report (those fields are None)."""
         steps = [int(st["step"]) for st in self.state.values() if "step" in st]

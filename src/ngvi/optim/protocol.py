@@ -13,11 +13,19 @@ from torch import Tensor
 class PosteriorOptimizer(Protocol):
     """A trainer with a posterior to sample: every ngvi optimizer and baseline (BBVI, MC dropout, MAP).
 
-    ``sampled_params(train=False)`` holds one posterior sample in the model's weights for a block;
+    ``sampled_params(train=False)`` holds one posterior sample in the model's weights for a block
+    (``begin_sample``/``end_sample``: the same for callback-driven frameworks);
     ``posterior()`` is a snapshot of q (point estimates and MC dropout raise ``NotImplementedError``);
     ``backward(loss, output)`` is the backward pass of one sample, as the trainer needs it."""
 
     def sampled_params(self, train: bool = False) -> contextlib.AbstractContextManager[None]: ...
+
+    def begin_sample(self, train: bool = False) -> None: ...
+
+    def end_sample(self, discard: bool = False) -> None: ...
+
+    @property
+    def in_sample(self) -> bool: ...
 
     def posterior(self) -> Any: ...
 

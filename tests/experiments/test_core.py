@@ -15,6 +15,7 @@ from torch import nn
 
 from ngvi.experiments import COMMANDS, cli, command
 from ngvi.experiments.core import METHODS, models, training
+from ngvi.experiments.core import args as arg_types
 from ngvi.experiments.core.report import bold_set, fmt_mean_se, mean_se, verdict
 from ngvi.experiments.core.results import ResultsFolder
 from ngvi.experiments.core.tuning import Choice, LogUniform, maximise
@@ -206,12 +207,39 @@ def _one_line_error(capsys) -> str:
         (["uci", "--tune", "grid"], "--tune: invalid choice"),
         (["uci", "--bogus"], "unrecognized arguments: --bogus"),
         (["nope"], "invalid choice"),
+        (["uci", "--jobs", "99999999999999"], "--jobs: expected a positive integer up to 1,024"),
+        (["uci", "--splits", "1" + "0" * 30], "--splits: expected a positive integer up to 1,000,000,000"),
+        (["uci", "--seed", "99999999999999"], "--seed: expected an integer ≥ 0 up to 1,000,000,000"),
+        (["bench", "--device", "bogus"], "--device: unknown device 'bogus'"),
+        (["bench", "--device", "meta"], "--device: device 'meta' is not available here"),
+        (["classify", "--angles", "nan"], "--angles: expected a number from -360 to 360, got 'nan'"),
+        (["classify", "--angles", "0,inf"], "--angles: expected a number from -360 to 360, got 'inf'"),
+        (["classify", "--angles", "1e300"], "--angles: expected a number from -360 to 360, got 1e300"),
+        (["prune", "--dropout", "nan"], "--dropout: expected a number from 0 to 0.99, got 'nan'"),
+        (["uci", "--out", ""], "--out: expected a folder name, got an empty one"),
+        (["uci", "--out", "  "], "--out: expected a folder name, got an empty one"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, expected, capsys):
     assert cli.main(argv) == 2
     line = _one_line_error(capsys)
     assert expected in line and line.startswith("ngvi")
+
+
+def test_device_must_exist_on_this_machine(monkeypatch, capsys):
+    """'cuda' without CUDA is refused at parse time (exit 2), not after the first model is built."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    for device in ("cuda", "cuda:0"):
+        assert cli.main(["bench", "--device", device, "--help"]) == 2
+        line = _one_line_error(capsys)
+        assert f"--device: device '{device}' is not available here; use cpu" in line
+    assert arg_types.device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
+    assert arg_types.device("cuda") == "cuda" and arg_types.device("cuda:0") == "cuda:0"
+    with pytest.raises(argparse.ArgumentTypeError, match="'cuda:3' is not available here: 1 cuda device"):
+        arg_types.device("cuda:3")
 
 
 def _uci_argv(out) -> list[str]:

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from . import COMMANDS, command
-from .core.args import Parser, positive_int
+from .core.args import Parser, jobs, out_folder
 
 # The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
 # imports as pyro): the library needs only torch and numpy, the experiments need these as well.
@@ -73,9 +73,9 @@ def build_parser() -> Parser:
 
 def _common_arguments(parser: Parser, experiment: Any) -> None:
     out = experiment.default_out
-    parser.add_argument("--out", default=out, help=f"results folder (default: {out})")
+    parser.add_argument("--out", type=out_folder, default=out, help=f"results folder (default: {out})")
     if experiment.parallel:
-        parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default: 2)")
+        parser.add_argument("--jobs", type=jobs, default=2, help="worker processes (default: 2)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,18 +78,6 @@ def default_methods() -> list[str]:
     return [*MNIST_METHODS, *(m for m in OPTIONAL_METHODS if m in METHODS and METHODS[m].available())]
 
 
-def _angles(text: str) -> list[float]:
-    try:
-        values = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated angles in degrees, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one angle")
-    return values
-
-
 class Classify(Experiment):
     name = "classify"
     help = "image classification: accuracy, calibration (ECE, reliability), OOD entropy and rotation shift"
@@ -156,9 +144,9 @@ class Classify(Experiment):
         )
         parser.add_argument(
             "--angles",
-            type=_angles,
+            type=types.float_list(-360.0, 360.0),
             default=[0.0, 15.0, 30.0, 45.0, 60.0, 75.0, 90.0],
-            help="rotations of the shift curve in degrees (default 0,15,...,90)",
+            help="rotations of the shift curve, comma-separated degrees in [-360, 360] (default 0,15,...,90)",
         )
         parser.add_argument(
             "--shift-size",

@@ -260,6 +260,27 @@ def test_out_mistakes_exit_2_with_one_line_naming_the_path(tmp_path, capsys, con
     assert "is a file, not a folder" in _one_line_error(capsys)
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ({"accuracy": 0.9}, "no 'config' or 'runs'"),  # another program's results.json
+        ({"runs": {}}, "no 'config'"),
+        ({"config": {}, "runs": {"yacht/vadam/0": 5}}, "job 'yacht/vadam/0' holds 5, not a result"),
+        ({"config": {}, "runs": {"yacht/vadam/0": {}}}, "job 'yacht/vadam/0' holds {}, not a result"),
+        ({"config": {}, "runs": {"a": [1] * 50}}, "job 'a' holds [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ..."),
+    ],
+)
+def test_a_foreign_or_malformed_results_json_is_refused_and_never_rewritten(tmp_path, capsys, content, why):
+    file = tmp_path / "results.json"
+    file.write_text(json.dumps(content))
+    before = file.read_bytes()
+    assert cli.main(_uci_argv(tmp_path)) == 2
+    line = _one_line_error(capsys)
+    assert f"{file} is not an ngvi results file ({why}" in line
+    assert line.endswith("remove it or choose another --out (the file is left as it is)")
+    assert file.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
 def test_missing_data_names_the_flag(tmp_path, capsys):
     argv = ["uci", "--datasets", "yacht", "--out", str(tmp_path), "--data-dir", str(tmp_path / "nope")]
     assert cli.main(argv) == 2

@@ -176,7 +176,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def run(experiment: Experiment, args: argparse.Namespace) -> Run:
     """Check the folder, resume from its results, prepare, run the missing jobs, and report."""
     out = ResultsFolder(args.out)
-    results = out.load(RESULTS, required=("runs", "config"))
+    results = out.load_results(RESULTS)
     config = json.loads(json.dumps(experiment.config(args)))  # as read back (tuples become lists)
     if results.get("config", config) != config:
         raise ValueError(

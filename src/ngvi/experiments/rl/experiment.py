@@ -105,7 +105,7 @@ class RL(Experiment):
             )
         env.close()
         for path in args.merge_from:
-            other = ResultsFolder(path, writable=False).load("results.json", required=("runs", "config"))
+            other = ResultsFolder(path, writable=False).load_results()
             if other.get("config") != run.results["config"]:
                 raise ValueError(
                     f"{path} was run with {other.get('config')}, {run.out.path} with "

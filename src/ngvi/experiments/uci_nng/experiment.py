@@ -108,7 +108,7 @@ class UCINNG(Experiment):
     def _merge(self, path: str, args: argparse.Namespace, run: Run) -> None:
         from ..core.results import ResultsFolder
 
-        other = ResultsFolder(path, writable=False).load("results.json", required=("runs",))
+        other = ResultsFolder(path, writable=False).load_results()
         if not other:
             raise ValueError(f"{path} holds no results.json to merge")
         for key, value in other["runs"].items():

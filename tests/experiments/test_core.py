@@ -4,6 +4,7 @@ and the CLI's one-line errors (with a fuzz test of every subcommand's arguments)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -361,6 +362,26 @@ def test_cli_fuzz_every_subcommand_runs_or_gives_one_line(tmp_path, capsys, monk
             capsys.readouterr()
     assert outcomes[0] > 10 and outcomes[2] > 10, outcomes
     assert len(dispatched) == outcomes[0]
+
+
+def test_each_command_checks_only_the_extra_packages_it_imports(tmp_path, monkeypatch, capsys):
+    """Without gymnasium, `ngvi rl` stops at once with the one-line install hint; `ngvi bench` runs."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gymnasium" else find_spec(name, *a)
+    )
+    dispatched = []
+    monkeypatch.setattr("ngvi.experiments.core.runner.run", lambda exp, args: dispatched.append(exp.name))
+    assert cli.main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    assert dispatched == ["bench"]
+    assert cli.main(["rl", "--quick", "--out", str(tmp_path)]) == 2
+    assert _one_line_error(capsys) == (
+        'ngvi rl: error: this command needs the experiments extra: pip install "ngvi[experiments]" '
+        "(missing: gymnasium)"
+    )
+    assert dispatched == ["bench"]
+    for name in COMMANDS:
+        assert set(getattr(command(name), "requires", ())) <= cli.EXPERIMENTS_EXTRA, name
 
 
 def test_list_reads_the_registries(capsys):

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cmd = command(args.command)
             if hasattr(cmd, "run_job"):
-                missing = sorted(m for m in EXPERIMENTS_EXTRA if importlib.util.find_spec(m) is None)
+                missing = [m for m in cmd.requires if importlib.util.find_spec(m) is None]
                 if missing:  # say so before any work, not after the first fits
                     raise ModuleNotFoundError(f"No module named {missing[0]!r}", name=missing[0])
                 run(cmd, args)

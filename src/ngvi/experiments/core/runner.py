@@ -48,6 +48,8 @@ class Experiment:
     default_out: str = ""
     #: jobs may run in worker processes (False: in this process, one after another, e.g. timings)
     parallel: bool = True
+    #: the packages of the ``experiments`` extra that the command imports (checked before any work)
+    requires: tuple[str, ...] = ("tqdm", "matplotlib")
     #: example command lines (with a comment each) for the end of ``ngvi <name> --help``
     examples: tuple[str, ...] = ()
 

@@ -64,6 +64,7 @@ def method_argument(parser: argparse.ArgumentParser) -> None:
 
 class HMC(Experiment):
     name = "hmc"
+    requires = ("tqdm", "matplotlib", "scipy", "pyro")
     help = "NNG Table 4: correlation of each method's predictive variances with HMC's (pyro NUTS) on UCI"
     default_out = "runs/hmc"
 

@@ -42,6 +42,7 @@ def _mujoco_warnings_to_python() -> None:
 
 class RL(Experiment):
     name = "rl"
+    requires = ("tqdm", "matplotlib", "gymnasium", "stable_baselines3")
     help = "DDPG with the actor sampled from q at every step (Khan et al. 2018, App. K): test return vs steps"
     default_out = "runs/rl"
 

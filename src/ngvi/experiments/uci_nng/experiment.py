@@ -42,6 +42,7 @@ def _key(*parts: Any) -> str:
 
 class UCINNG(Experiment):
     name = "uci-nng"
+    requires = ("tqdm", "matplotlib", "scipy")
     help = "the UCI regression benchmark under NNG's protocol (Zhang et al. 2018, §5.1, Table 1)"
     default_out = "runs/uci-nng"
 

@@ -384,6 +384,28 @@ def test_each_command_checks_only_the_extra_packages_it_imports(tmp_path, monkey
         assert set(getattr(command(name), "requires", ())) <= cli.EXPERIMENTS_EXTRA, name
 
 
+def test_an_explicit_option_wins_over_quick():
+    """--quick fills only the options not given: `--quick --env X` runs X; `--quick --angles 30`, 30°."""
+    parser = cli.build_parser()
+    rl, classify = command("rl"), command("classify")
+    quick = {"env": "Pendulum-v1", "steps": 300, "eval_every": 150, "test_episodes": 1}
+    assert rl.config(parser.parse_args(["rl", "--quick"])) == quick
+    given = parser.parse_args(["rl", "--quick", "--env", "MountainCarContinuous-v0", "--test-episodes", "3"])
+    assert rl.config(given) == {**quick, "env": "MountainCarContinuous-v0", "test_episodes": 3}
+    paper = {"env": "HalfCheetah-v5", "steps": 3_000_000, "eval_every": 10_000, "test_episodes": 20}
+    assert rl.config(parser.parse_args(["rl"])) == paper
+    with pytest.raises(ValueError, match=r"--eval-every \(150\) is more than --steps \(100\)"):
+        rl.config(parser.parse_args(["rl", "--quick", "--steps", "100"]))
+
+    config = classify.config(parser.parse_args(["classify", "--quick", "--angles", "30", "--epochs", "2"]))
+    assert config["angles"] == [30.0] and config["epochs"] == 2
+    assert (config["train_size"], config["test_samples"], config["batch_size"]) == (512, 4, 32)  # quick's
+    config = classify.config(parser.parse_args(["classify", "--quick"]))
+    assert config["angles"] == [0.0, 45.0, 90.0] and config["epochs"] == 1
+    config = classify.config(parser.parse_args(["classify", "--angles", "30"]))
+    assert config["angles"] == [30.0] and config["train_size"] is None and config["epochs"] == 5
+
+
 def test_list_reads_the_registries(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Iterable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 #: the largest integer any count or seed accepts: far above every real run, far below what overflows
 MAX_INT = 10**9
@@ -152,3 +152,14 @@ def add_subset(parser: argparse.ArgumentParser, flag: str, choices: Iterable[str
         default=known,
         help=f"comma-separated subset of: {', '.join(known)} (default: all)",
     )
+
+
+def with_quick(args: argparse.Namespace, defaults: dict[str, Any], quick: dict[str, Any]) -> dict[str, Any]:
+    """The values of the options named in ``defaults`` (their argparse defaults are None, so a given option
+    is told apart from one left out): an option given on the command line wins; one left out takes its
+    ``quick`` value under ``--quick``, else its default. So ``--quick --angles 30`` rotates by 30 degrees."""
+    values = {}
+    for key, default in defaults.items():
+        given = getattr(args, key)
+        values[key] = given if given is not None else quick.get(key, default) if args.quick else default
+    return values

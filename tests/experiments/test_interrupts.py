@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import data_dir
 from ngvi.experiments.core import runner
 from ngvi.experiments.core.runner import Experiment, Workers
 
@@ -49,12 +48,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
 @pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
-def test_interrupt_ends_every_worker_and_keeps_the_results(tmp_path, how):
-    if not (data_dir() / "uci").is_dir():
-        pytest.skip(f"no UCI data under {data_dir()}")
+def test_interrupt_ends_every_worker_and_keeps_the_results(tmp_path, how, data_dir):
+    if not (data_dir / "uci").is_dir():
+        pytest.skip(f"no UCI data under {data_dir}")
     out = tmp_path / "out"
     argv = ["uci", "--datasets", "yacht", "--methods", "vadam", "--splits", "20", "--tune", "none"]
-    argv += ["--jobs", "2", "--out", str(out), "--data-dir", str(data_dir())]
+    argv += ["--jobs", "2", "--out", str(out), "--data-dir", str(data_dir)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "ngvi.experiments.cli", *argv],
         stdout=subprocess.PIPE,

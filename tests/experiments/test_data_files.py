@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import ngvi.experiments.data as nd
+from conftest import need_data
 from ngvi.experiments.data import _checksums, _files, _gen_checksums
 
 YACHT = "uci/yacht"
@@ -156,3 +157,21 @@ def test_verification_is_cached_but_notices_changes(tmp_path, monkeypatch, data_
 def test_unknown_relative_path_is_rejected(data_dir):
     with pytest.raises(KeyError, match="not a known"):
         nd.data_path("uci/yacht/other.txt", data_dir)
+
+
+def test_the_data_rule_skips_with_the_reason(monkeypatch, tmp_path):
+    """conftest's rule for every test that reads the benchmark data: a skip that says what is missing."""
+    monkeypatch.setenv("NGVI_DATA", str(tmp_path))
+    with pytest.raises(pytest.skip.Exception, match=r"no benchmark data in .*: set NGVI_DATA or put it in"):
+        need_data()
+    (tmp_path / "SHA256SUMS").write_text("")
+    assert need_data() == tmp_path
+    with pytest.raises(pytest.skip.Exception, match="no uci in the benchmark data"):
+        need_data("uci")
+
+
+def test_a_test_without_the_fixture_sees_no_data_folder():
+    """So a test that reads data without the data_dir fixture fails everywhere, not only on a clean clone."""
+    assert "NGVI_DATA" not in os.environ
+    with pytest.raises(nd.DataNotFoundError, match="No data folder given"):
+        nd.load_uci("yacht", 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -20,9 +21,45 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.e
 torch.set_num_threads(1)
 
 
-def data_dir() -> Path:
+def _data_root() -> Path:
     """The benchmark data: $NGVI_DATA, else ../shared/data beside the checkout (as in CI)."""
     return Path(os.environ.get("NGVI_DATA", REPO.parent / "shared" / "data"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "data(*parts): the test needs these parts of the benchmark data (see the data_dir fixture)"
+    )
+
+
+def need_data(*parts: str) -> Path:
+    """The benchmark data folder, or a skip (with the reason) when it, or one of ``parts``, is missing. For
+    fixtures wider than a test; a test takes the ``data_dir`` fixture."""
+    root = _data_root()
+    if not (root / "SHA256SUMS").is_file():
+        pytest.skip(f"no benchmark data in {root}: set NGVI_DATA or put it in ../shared/data")
+    missing = [p for p in parts if not (root / p).exists()]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} in the benchmark data in {root}")
+    return root
+
+
+@pytest.fixture
+def data_dir(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The benchmark data folder, the way a test gets it: skips the test, with the reason, when the folder
+    (or a part named by ``@pytest.mark.data("uci", ...)``) is missing. Sets $NGVI_DATA to it."""
+    marker = request.node.get_closest_marker("data")
+    root = need_data(*(marker.args if marker else ()))
+    monkeypatch.setenv("NGVI_DATA", str(root))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _no_data_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that reads the data without the data_dir fixture fails everywhere, not only where the data
+    is missing: it finds no $NGVI_DATA."""
+    if "data_dir" not in request.fixturenames:
+        monkeypatch.delenv("NGVI_DATA", raising=False)
 
 
 def make_mlp(seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Module:

@@ -79,14 +79,20 @@ def test_evaluate_classifier_is_the_metrics_of_the_averaged_probabilities():
     )
     torch.testing.assert_close(ev.probs_bma, probs)
     torch.testing.assert_close(ev.probs_mean, torch.softmax(model(x).double(), -1))
+    # the metrics are those of its own probabilities: the same computation, so equal to the last bit
+    assert ev.bma == ngvi.evaluation.classification_metrics(ev.probs_bma, y, 15)
+    assert ev.mean == ngvi.evaluation.classification_metrics(ev.probs_mean, y, 15)
+    # and, up to rounding, those of the BMA by hand (other batchings of the arithmetic)
     picked = probs[torch.arange(32), y]
     assert ev.bma["nll"] == pytest.approx(float(-picked.log().mean()), rel=1e-12)
-    assert ev.bma["accuracy"] == metrics.accuracy(probs, y)
-    assert ev.bma["ece"] == metrics.ece(probs, y, 15) and ev.bma["brier"] == metrics.brier(probs, y)
+    assert ev.bma["accuracy"] == metrics.accuracy(probs, y)  # a count: no rounding
+    assert ev.bma["ece"] == pytest.approx(metrics.ece(probs, y, 15), rel=1e-9, abs=1e-12)
+    assert ev.bma["brier"] == pytest.approx(metrics.brier(probs, y), rel=1e-9)
     assert ev.reliability["bma"]["count"].sum() == 32 and ev.samples == 8
-    # the default loop over the optimizer's own noise: same metric definitions, other draws
+    # the default loop over the optimizer's own noise: same metric definitions, other draws; its one batch
+    # of float32 logits at the mean rounds otherwise than ev's batches of 10
     loop = ngvi.evaluate_classifier(model, opt, x, y, samples=8)
-    assert loop.mean == ev.mean and 0 <= loop.bma["ece"] <= 1
+    assert loop.mean == pytest.approx(ev.mean, rel=1e-6) and 0 <= loop.bma["ece"] <= 1
     with pytest.raises(ValueError, match="labels"):
         ngvi.evaluate_classifier(model, opt, x, y[:-1])
     with pytest.raises(ValueError, match="samples"):

@@ -87,13 +87,10 @@ def test_an_unrecorded_cpu_type_is_checked_to_tolerance_and_warned():
         check_against_recordings(key, {"mean": "?"}, moved, "another-cpu", RECORDED)
 
 
-def test_uci_yacht_split0_is_bitwise_unchanged(tmp_path):
+@pytest.mark.data("uci")
+def test_uci_yacht_split0_is_bitwise_unchanged(tmp_path, data_dir):
     """`ngvi uci --tune none` on yacht's split 0: RMSE, log-likelihood and curve, to the bit."""
-    from conftest import data_dir
-
-    if not (data_dir() / "uci").is_dir():
-        pytest.skip(f"no UCI data under {data_dir()}")
-    golden.run_pinned("--uci", str(tmp_path), "--data-dir", str(data_dir()))
+    golden.run_pinned("--uci", str(tmp_path), "--data-dir", str(data_dir))
     values = golden.uci_values(str(tmp_path))
     digests, fingerprint = golden.uci_digests(values), (tmp_path / "fingerprint.txt").read_text()
     assert set(values) == set(RECORDED_UCI["values"])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ngvi.baselines import exact
-from ngvi.baselines.nuts import PYRO_MISSING, nuts_posterior
+from ngvi.baselines.nuts import PYRO_MISSING, NUTSPosterior, effective_sample_size, nuts_posterior
 
 pyro_stats = pytest.importorskip("pyro.ops.stats")
 
@@ -97,3 +97,48 @@ def test_without_pyro_the_error_names_the_extra(monkeypatch):
             torch.nn.Linear(2, 1), torch.randn(4, 2), torch.randn(4), prior_prec=1.0, noise_prec=1.0
         )
     assert str(err.value) == PYRO_MISSING and "\n" not in PYRO_MISSING
+
+
+# -- the effective sample size ----------------------------------------------------------------------
+def test_ess_of_known_chains():
+    gen = torch.Generator().manual_seed(0)
+    iid = torch.randn(4, 1000, 3, generator=gen, dtype=torch.float64)
+    ess = effective_sample_size(iid)
+    assert ess.shape == (3,) and ((ess > 0.85 * 4000) & (ess <= 4000)).all(), ess  # ≈ n for iid draws
+    phi, n = 0.9, 20000  # AR(1): ESS = N (1 − φ) / (1 + φ)
+    noise = torch.randn(2, n, generator=gen, dtype=torch.float64)
+    ar = torch.zeros(2, n, dtype=torch.float64)
+    for t in range(1, n):
+        ar[:, t] = phi * ar[:, t - 1] + noise[:, t]
+    assert float(effective_sample_size(ar)) == pytest.approx(2 * n * (1 - phi) / (1 + phi), rel=0.15)
+    assert float(effective_sample_size(torch.full((2, 10), 3.0))) == 20.0  # constant: the mean is exact
+    antithetic = torch.tensor([[1.0, -1.0] * 5] * 2)
+    assert float(effective_sample_size(antithetic)) == 20.0  # at most the number of draws
+    with pytest.raises(ValueError, match="at least 2 draws per chain, got 1"):
+        effective_sample_size(torch.randn(4, 1))
+
+
+def test_ess_of_short_chains_is_never_negative():
+    """pyro's estimate goes negative on about one in ten such 2 × 10 chains."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        ess = effective_sample_size(torch.randn(2, 10, 2, generator=gen))
+        assert ((ess > 0) & (ess <= 20)).all(), ess
+
+
+def test_output_diagnostics_of_short_chains_are_in_range():
+    """`ngvi hmc --quick` printed "lowest ESS −51511": 2 chains of 10 draws, pyro's ESS of f(x*)."""
+    gen = torch.Generator().manual_seed(21)
+    draws = torch.randn(2, 10, 3, generator=gen, dtype=torch.float64)
+    assert (pyro_stats.effective_sample_size(draws, chain_dim=0, sample_dim=1) < 0).any()  # pyro's, negative
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    post = NUTSPosterior(
+        model, draws, torch.ones(3), effective_sample_size(draws), [0, 0], [0.1] * 2, [0.0] * 2
+    )
+    ess = post.output_diagnostics(torch.eye(3, dtype=torch.float64))["ess"]  # f(e_i) = w_i
+    assert ess.shape == (3, 1) and ((ess > 0) & (ess <= 20)).all(), ess
+    torch.testing.assert_close(ess[:, 0], effective_sample_size(draws))
+    with pytest.raises(ValueError, match="num_samples must be at least 2"):
+        nuts_posterior(
+            model, torch.randn(4, 3), torch.randn(4), prior_prec=1.0, noise_prec=1.0, num_samples=1
+        )

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import ngvi
-from conftest import data_dir
 from ngvi.experiments.bandits import protocol as bp
 from ngvi.experiments.bandits.experiment import QUICK, load_problem
 from ngvi.experiments.cli import main
@@ -71,12 +70,12 @@ def test_a_block_of_rounds_is_decided_as_one_round_after_another(agent):
     assert block.tolist() == one_by_one
 
 
-def test_every_mushroom_context_is_seen_once():
+def test_every_mushroom_context_is_seen_once(data_dir):
     """A run over fewer contexts than mushroom's rows takes the first rows of the run's permutation (the
     loader alone would draw with replacement, as Riquelme et al.'s sampler)."""
-    spec = {"dataset": "mushroom", "contexts": 3000, "seed": 4, "data_dir": data_dir(), "user_dir": None}
+    spec = {"dataset": "mushroom", "contexts": 3000, "seed": 4, "data_dir": data_dir, "user_dir": None}
     data = load_problem(spec)
-    full = load_mushroom_bandit(seed=4, data_dir=data_dir())
+    full = load_mushroom_bandit(seed=4, data_dir=data_dir)
     np.testing.assert_array_equal(data.contexts, full.contexts[:3000])
     np.testing.assert_array_equal(data.rewards, full.rewards[:3000])
     np.testing.assert_array_equal(data.opt_rewards, full.opt_rewards[:3000])
@@ -94,11 +93,11 @@ def test_thompson_draws_vary_greedy_does_not():
     assert bp.build_agent("badam", data, TINY, seed=0).linearized
 
 
-def test_quick_mushroom_vadam_beats_greedy_and_uniform(tmp_path):
+def test_quick_mushroom_vadam_beats_greedy_and_uniform(tmp_path, data_dir):
     """The reduced run CI executes (`ngvi bandits --quick`): on mushroom, Thompson sampling with Vadam earns
     more than greedy and than uniform over the same contexts and rewards (seeds fixed)."""
     out = tmp_path / "bandits"
-    assert main(["bandits", "--quick", "--out", str(out), "--jobs", "2"]) == 0
+    assert main(["bandits", "--quick", "--out", str(out), "--jobs", "2", "--data-dir", str(data_dir)]) == 0
     runs = json.loads((out / "results.json").read_text())["runs"]
     score = {
         a: [runs[f"mushroom/{QUICK['contexts']}/{a}/{r}"]["normalised_reward"] for r in range(QUICK["runs"])]
@@ -112,7 +111,7 @@ def test_quick_mushroom_vadam_beats_greedy_and_uniform(tmp_path):
     assert (out / "regret.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a rerun resumes: nothing is recomputed
     before = (out / "results.json").read_text()
-    assert main(["bandits", "--quick", "--out", str(out), "--jobs", "1"]) == 0
+    assert main(["bandits", "--quick", "--out", str(out), "--jobs", "1", "--data-dir", str(data_dir)]) == 0
     assert json.loads((out / "results.json").read_text())["runs"] == json.loads(before)["runs"]
 
 

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from conftest import data_dir
 from ngvi.experiments.cli import main
 from ngvi.experiments.convergence import experiment as conv
 
@@ -29,10 +28,10 @@ def test_the_two_log_losses_against_their_definitions():
     assert best <= conv.authors_log_loss(logits, y) <= best + math.log(5) / 7
 
 
-def test_reduced_run_writes_curves_table_and_figure(tmp_path):
+def test_reduced_run_writes_curves_table_and_figure(tmp_path, data_dir):
     out = tmp_path / "conv"
     args = ["convergence", "--methods", "vogn,bbvi", "--steps", "20", "--seeds", "1"]
-    args += ["--out", str(out), "--jobs", "1", "--data-dir", str(data_dir())]
+    args += ["--out", str(out), "--jobs", "1", "--data-dir", str(data_dir)]
     assert main(args) == 0
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert len(runs) == 3 * 2

@@ -4,6 +4,7 @@ and the CLI's one-line errors (with a fuzz test of every subcommand's arguments)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -15,6 +16,7 @@ from torch import nn
 
 from ngvi.experiments import COMMANDS, cli, command
 from ngvi.experiments.core import METHODS, models, training
+from ngvi.experiments.core import args as arg_types
 from ngvi.experiments.core.report import bold_set, fmt_mean_se, mean_se, verdict
 from ngvi.experiments.core.results import ResultsFolder
 from ngvi.experiments.core.tuning import Choice, LogUniform, maximise
@@ -206,12 +208,39 @@ def _one_line_error(capsys) -> str:
         (["uci", "--tune", "grid"], "--tune: invalid choice"),
         (["uci", "--bogus"], "unrecognized arguments: --bogus"),
         (["nope"], "invalid choice"),
+        (["uci", "--jobs", "99999999999999"], "--jobs: expected a positive integer up to 1,024"),
+        (["uci", "--splits", "1" + "0" * 30], "--splits: expected a positive integer up to 1,000,000,000"),
+        (["uci", "--seed", "99999999999999"], "--seed: expected an integer ≥ 0 up to 1,000,000,000"),
+        (["bench", "--device", "bogus"], "--device: unknown device 'bogus'"),
+        (["bench", "--device", "meta"], "--device: device 'meta' is not available here"),
+        (["classify", "--angles", "nan"], "--angles: expected a number from -360 to 360, got 'nan'"),
+        (["classify", "--angles", "0,inf"], "--angles: expected a number from -360 to 360, got 'inf'"),
+        (["classify", "--angles", "1e300"], "--angles: expected a number from -360 to 360, got 1e300"),
+        (["prune", "--dropout", "nan"], "--dropout: expected a number from 0 to 0.99, got 'nan'"),
+        (["uci", "--out", ""], "--out: expected a folder name, got an empty one"),
+        (["uci", "--out", "  "], "--out: expected a folder name, got an empty one"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, expected, capsys):
     assert cli.main(argv) == 2
     line = _one_line_error(capsys)
     assert expected in line and line.startswith("ngvi")
+
+
+def test_device_must_exist_on_this_machine(monkeypatch, capsys):
+    """'cuda' without CUDA is refused at parse time (exit 2), not after the first model is built."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    for device in ("cuda", "cuda:0"):
+        assert cli.main(["bench", "--device", device, "--help"]) == 2
+        line = _one_line_error(capsys)
+        assert f"--device: device '{device}' is not available here; use cpu" in line
+    assert arg_types.device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
+    assert arg_types.device("cuda") == "cuda" and arg_types.device("cuda:0") == "cuda:0"
+    with pytest.raises(argparse.ArgumentTypeError, match="'cuda:3' is not available here: 1 cuda device"):
+        arg_types.device("cuda:3")
 
 
 def _uci_argv(out) -> list[str]:
@@ -230,6 +259,27 @@ def test_out_mistakes_exit_2_with_one_line_naming_the_path(tmp_path, capsys, con
     assert file.read_bytes() == content
     assert cli.main([*argv[:-4], "--out", str(file), "--data-dir", "/nowhere"]) == 2
     assert "is a file, not a folder" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ({"accuracy": 0.9}, "no 'config' or 'runs'"),  # another program's results.json
+        ({"runs": {}}, "no 'config'"),
+        ({"config": {}, "runs": {"yacht/vadam/0": 5}}, "job 'yacht/vadam/0' holds 5, not a result"),
+        ({"config": {}, "runs": {"yacht/vadam/0": {}}}, "job 'yacht/vadam/0' holds {}, not a result"),
+        ({"config": {}, "runs": {"a": [1] * 50}}, "job 'a' holds [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ..."),
+    ],
+)
+def test_a_foreign_or_malformed_results_json_is_refused_and_never_rewritten(tmp_path, capsys, content, why):
+    file = tmp_path / "results.json"
+    file.write_text(json.dumps(content))
+    before = file.read_bytes()
+    assert cli.main(_uci_argv(tmp_path)) == 2
+    line = _one_line_error(capsys)
+    assert f"{file} is not an ngvi results file ({why}" in line
+    assert line.endswith("remove it or choose another --out (the file is left as it is)")
+    assert file.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
 
 def test_missing_data_names_the_flag(tmp_path, capsys):
@@ -312,6 +362,48 @@ def test_cli_fuzz_every_subcommand_runs_or_gives_one_line(tmp_path, capsys, monk
             capsys.readouterr()
     assert outcomes[0] > 10 and outcomes[2] > 10, outcomes
     assert len(dispatched) == outcomes[0]
+
+
+def test_each_command_checks_only_the_extra_packages_it_imports(tmp_path, monkeypatch, capsys):
+    """Without gymnasium, `ngvi rl` stops at once with the one-line install hint; `ngvi bench` runs."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gymnasium" else find_spec(name, *a)
+    )
+    dispatched = []
+    monkeypatch.setattr("ngvi.experiments.core.runner.run", lambda exp, args: dispatched.append(exp.name))
+    assert cli.main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    assert dispatched == ["bench"]
+    assert cli.main(["rl", "--quick", "--out", str(tmp_path)]) == 2
+    assert _one_line_error(capsys) == (
+        'ngvi rl: error: this command needs the experiments extra: pip install "ngvi[experiments]" '
+        "(missing: gymnasium)"
+    )
+    assert dispatched == ["bench"]
+    for name in COMMANDS:
+        assert set(getattr(command(name), "requires", ())) <= cli.EXPERIMENTS_EXTRA, name
+
+
+def test_an_explicit_option_wins_over_quick():
+    """--quick fills only the options not given: `--quick --env X` runs X; `--quick --angles 30`, 30°."""
+    parser = cli.build_parser()
+    rl, classify = command("rl"), command("classify")
+    quick = {"env": "Pendulum-v1", "steps": 300, "eval_every": 150, "test_episodes": 1}
+    assert rl.config(parser.parse_args(["rl", "--quick"])) == quick
+    given = parser.parse_args(["rl", "--quick", "--env", "MountainCarContinuous-v0", "--test-episodes", "3"])
+    assert rl.config(given) == {**quick, "env": "MountainCarContinuous-v0", "test_episodes": 3}
+    paper = {"env": "HalfCheetah-v5", "steps": 3_000_000, "eval_every": 10_000, "test_episodes": 20}
+    assert rl.config(parser.parse_args(["rl"])) == paper
+    with pytest.raises(ValueError, match=r"--eval-every \(150\) is more than --steps \(100\)"):
+        rl.config(parser.parse_args(["rl", "--quick", "--steps", "100"]))
+
+    config = classify.config(parser.parse_args(["classify", "--quick", "--angles", "30", "--epochs", "2"]))
+    assert config["angles"] == [30.0] and config["epochs"] == 2
+    assert (config["train_size"], config["test_samples"], config["batch_size"]) == (512, 4, 32)  # quick's
+    config = classify.config(parser.parse_args(["classify", "--quick"]))
+    assert config["angles"] == [0.0, 45.0, 90.0] and config["epochs"] == 1
+    config = classify.config(parser.parse_args(["classify", "--angles", "30"]))
+    assert config["angles"] == [30.0] and config["train_size"] is None and config["epochs"] == 5
 
 
 def test_list_reads_the_registries(capsys):

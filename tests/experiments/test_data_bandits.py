@@ -7,15 +7,13 @@ import pytest
 import torch
 
 import ngvi.experiments.data as nd
-from conftest import data_dir
 from ngvi.experiments.bandits.protocol import normalised_reward
 
-DATA = data_dir()
 SHUTTLE_COUNTS = [34108, 37, 132, 6748, 2458, 6, 11]  # classes 1-7 of shuttle.trn, from MANIFEST.md
 
 
-def test_mushroom_full_rewards():
-    ds = nd.load_mushroom_bandit(data_dir=DATA, seed=0)
+def test_mushroom_full_rewards(data_dir):
+    ds = nd.load_mushroom_bandit(data_dir=data_dir, seed=0)
     assert len(ds) == 8124 and ds.num_actions == 2 and ds.context_dim == 117
     assert ds.action_names == ("no eat", "eat")
     assert (int(ds.labels.sum()), int((ds.labels == 0).sum())) == (4208, 3916)  # edible / poisonous
@@ -33,28 +31,28 @@ def test_mushroom_full_rewards():
     np.testing.assert_array_equal(ds.opt_actions, ds.labels)
     np.testing.assert_array_equal(ds.opt_rewards, np.where(edible, 5.0, 0.0))
     # without num_contexts every row appears once, in a seeded order
-    ref = nd.load_mushroom_bandit(data_dir=DATA, seed=1)
+    ref = nd.load_mushroom_bandit(data_dir=data_dir, seed=1)
     assert not np.array_equal(ds.contexts, ref.contexts)
     assert sorted(map(tuple, ds.contexts)) == sorted(map(tuple, ref.contexts))
 
 
-def test_mushroom_sampling_is_seeded_with_replacement():
-    a = nd.load_mushroom_bandit(3000, data_dir=DATA, seed=5)
-    b = nd.load_mushroom_bandit(3000, data_dir=DATA, seed=5)
-    c = nd.load_mushroom_bandit(3000, data_dir=DATA, seed=6)
+def test_mushroom_sampling_is_seeded_with_replacement(data_dir):
+    a = nd.load_mushroom_bandit(3000, data_dir=data_dir, seed=5)
+    b = nd.load_mushroom_bandit(3000, data_dir=data_dir, seed=5)
+    c = nd.load_mushroom_bandit(3000, data_dir=data_dir, seed=6)
     assert a.contexts.shape == (3000, 117) and a.rewards.shape == (3000, 2)
     np.testing.assert_array_equal(a.contexts, b.contexts)
     np.testing.assert_array_equal(a.rewards, b.rewards)
     assert not np.array_equal(a.rewards, c.rewards)
-    big = nd.load_mushroom_bandit(20000, data_dir=DATA, seed=0)
+    big = nd.load_mushroom_bandit(20000, data_dir=data_dir, seed=0)
     assert len(np.unique(big.contexts, axis=0)) < 8124 < 20000  # with replacement: repeats
 
 
-def test_mushroom_custom_rewards():
-    always_bad = nd.load_mushroom_bandit(data_dir=DATA, prob_poison_bad=1.0)
+def test_mushroom_custom_rewards(data_dir):
+    always_bad = nd.load_mushroom_bandit(data_dir=data_dir, prob_poison_bad=1.0)
     np.testing.assert_array_equal(always_bad.rewards[always_bad.labels == 0, 1], -35.0)
     # if not eating costs more than the expected poison (-15), the oracle always eats
-    hungry = nd.load_mushroom_bandit(data_dir=DATA, r_noeat=-50.0)
+    hungry = nd.load_mushroom_bandit(data_dir=data_dir, r_noeat=-50.0)
     np.testing.assert_array_equal(hungry.opt_actions, 1)
     np.testing.assert_array_equal(hungry.opt_rewards, np.where(hungry.labels == 1, 5.0, -15.0))
     np.testing.assert_array_equal(hungry.rewards[:, 0], -50.0)
@@ -72,36 +70,36 @@ def _check_classification_bandit(ds: nd.BanditDataset, k: int) -> None:
     assert np.all((np.abs(std - 1) < 1e-9) | (std == 0))
 
 
-def test_shuttle_bandit():
-    ds = nd.load_shuttle_bandit(data_dir=DATA, seed=0)
+def test_shuttle_bandit(data_dir):
+    ds = nd.load_shuttle_bandit(data_dir=data_dir, seed=0)
     assert ds.contexts.shape == (43500, 9) and ds.name == "statlog_shuttle"
     _check_classification_bandit(ds, 7)
     assert np.bincount(ds.labels, minlength=7).tolist() == SHUTTLE_COUNTS
     assert ds.action_names[0] == "Rad Flow"
-    x, labels = nd.load_shuttle("test", DATA)
+    x, labels = nd.load_shuttle("test", data_dir)
     assert x.shape == (14500, 9) and labels.min() >= 0 and labels.max() <= 6
 
 
-def test_shuttle_subsample_and_rare_classes():
-    ordered = nd.load_shuttle_bandit(data_dir=DATA, shuffle=False)
-    _, labels = nd.load_shuttle("train", DATA)
+def test_shuttle_subsample_and_rare_classes(data_dir):
+    ordered = nd.load_shuttle_bandit(data_dir=data_dir, shuffle=False)
+    _, labels = nd.load_shuttle("train", data_dir)
     np.testing.assert_array_equal(ordered.labels, labels)
-    small = nd.load_shuttle_bandit(1000, data_dir=DATA, seed=2)
+    small = nd.load_shuttle_bandit(1000, data_dir=data_dir, seed=2)
     assert len(small) == 1000
     _check_classification_bandit(small, 7)
-    pruned = nd.load_shuttle_bandit(data_dir=DATA, remove_underrepresented=True)
+    pruned = nd.load_shuttle_bandit(data_dir=data_dir, remove_underrepresented=True)
     assert len(pruned) == 43500 - 6 - 11 and pruned.num_actions == 7  # classes 6 and 7 (< 0.05%) dropped
     assert set(np.unique(pruned.labels)) == {0, 1, 2, 3, 4}
     with pytest.raises(ValueError, match="num_contexts"):
-        nd.load_shuttle_bandit(50000, data_dir=DATA)
+        nd.load_shuttle_bandit(50000, data_dir=data_dir)
 
 
-def test_adult_bandit():
-    ds = nd.load_adult_bandit(data_dir=DATA, seed=0)
+def test_adult_bandit(data_dir):
+    ds = nd.load_adult_bandit(data_dir=data_dir, seed=0)
     # rows with any missing value dropped, counted independently here
     n_complete = 0
     for fname in ("adult.data", "adult.test"):
-        for line in (DATA / "bandits" / "adult" / fname).read_text().splitlines():
+        for line in (data_dir / "bandits" / "adult" / fname).read_text().splitlines():
             if line.strip() and not line.startswith("|") and "?" not in line:
                 n_complete += 1
     assert len(ds) == n_complete == 45222
@@ -111,12 +109,12 @@ def test_adult_bandit():
     assert np.bincount(ds.labels, minlength=14).min() > 0
     # the income column is one 2-valued block (test labels' trailing '.' removed): last two columns
     assert len(np.unique(ds.contexts[:, -2:], axis=0)) == 2
-    small = nd.load_adult_bandit(2000, data_dir=DATA, seed=1)
+    small = nd.load_adult_bandit(2000, data_dir=data_dir, seed=1)
     assert small.contexts.shape == (2000, 92) and small.num_actions == 14
 
 
-def test_dispatch_and_torch():
-    ds = nd.load_bandit("statlog", 100, data_dir=DATA, seed=0)
+def test_dispatch_and_torch(data_dir):
+    ds = nd.load_bandit("statlog", 100, data_dir=data_dir, seed=0)
     assert ds.name == "statlog_shuttle" and len(ds) == 100
     ctx, rew = ds.to_torch()
     assert ctx.dtype == torch.float32 and ctx.shape == (100, 9) and rew.shape == (100, 7)
@@ -191,20 +189,21 @@ def _uniform_score(ds: nd.BanditDataset) -> float:
     return np.mean([normalised_reward(ds.rewards, np.full(n, a), ds.opt_rewards) for a in range(k)])
 
 
-def test_uniform_policy_scores_match_hand_computed_and_badam():
+def test_uniform_policy_scores_match_hand_computed_and_badam(data_dir):
     """Normalisation by the optimal reward: uniform earns 1/K on a classification bandit (exactly), and
     E[(5·p_e − 15·p_p)/2] / (5·p_e) on mushroom; BADAM Table 1's Uniform row (Statlog 0.14 ± 0.00, Adult
     0.07 ± 0.00, Mushroom −0.93 ± 0.09) agrees."""
-    assert _uniform_score(nd.load_shuttle_bandit(data_dir=DATA)) == pytest.approx(1 / 7, abs=1e-12)
-    assert _uniform_score(nd.load_adult_bandit(5000, data_dir=DATA)) == pytest.approx(1 / 14, abs=1e-12)
+    assert _uniform_score(nd.load_shuttle_bandit(data_dir=data_dir)) == pytest.approx(1 / 7, abs=1e-12)
+    assert _uniform_score(nd.load_adult_bandit(5000, data_dir=data_dir)) == pytest.approx(1 / 14, abs=1e-12)
     p_e = 4208 / 8124
     expected = 0.5 * (5 * p_e - 15 * (1 - p_e)) / (5 * p_e)  # = −0.896
     # the poison rewards are ±20 around −15: the realised mean is within 4 s.e. of it
     tolerance = 4 * 0.5 * (1 - p_e) * 20 / np.sqrt(3916) / (5 * p_e)
-    assert _uniform_score(nd.load_mushroom_bandit(data_dir=DATA)) == pytest.approx(expected, abs=tolerance)
+    score = _uniform_score(nd.load_mushroom_bandit(data_dir=data_dir))
+    assert score == pytest.approx(expected, abs=tolerance)
     assert abs(expected - (-0.93)) < 0.09
     # with the expected rewards (E[eat] = 5 or −15, E[no eat] = 0) the uniform score is exactly that value
-    full = nd.load_mushroom_bandit(data_dir=DATA)
+    full = nd.load_mushroom_bandit(data_dir=data_dir)
     exact = np.mean(
         [normalised_reward(full.mean_rewards, np.full(8124, a), full.opt_rewards) for a in (0, 1)]
     )

@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 
 import ngvi.experiments.data as nd
-from conftest import data_dir
+from conftest import need_data
 from ngvi.experiments.data import _checksums, _files, _gen_checksums
 
-DATA = data_dir()
 YACHT = "uci/yacht"
 
 
-def _copy_group(group: str, dest: Path) -> Path:
-    """Copy one data folder (e.g. ``uci/yacht``) into ``dest``, keeping the relative layout."""
-    shutil.copytree(DATA / group, dest / group)
+def _copy_group(data: Path, group: str, dest: Path) -> Path:
+    """Copy one data folder (e.g. ``uci/yacht``) of ``data`` into ``dest``, keeping the relative layout."""
+    shutil.copytree(data / group, dest / group)
     for f in (dest / group).iterdir():
         f.chmod(0o644)
     return dest
@@ -32,26 +31,26 @@ def _fresh_cache():
     _files.clear_verification_cache()
 
 
-def test_embedded_checksums_match_sha256sums_file():
+def test_embedded_checksums_match_sha256sums_file(data_dir):
     listed = {}
-    for line in (DATA / "SHA256SUMS").read_text().splitlines():
+    for line in (data_dir / "SHA256SUMS").read_text().splitlines():
         digest, rel = line.split(maxsplit=1)
         listed[rel] = digest
     assert len(listed) == 426
     assert {rel: d for rel, (d, _) in _checksums.CHECKSUMS.items()} == listed
 
 
-def test_embedded_sizes_match_manifest_tables():
-    manifest = (DATA / "MANIFEST.md").read_text()
+def test_embedded_sizes_match_manifest_tables(data_dir):
+    manifest = (data_dir / "MANIFEST.md").read_text()
     rows = re.findall(r"^\| ([\w./-]+) \| (\d+) \| [^|]* \| `([0-9a-f]{64})` \|", manifest, re.MULTILINE)
     assert len(rows) == len(_checksums.CHECKSUMS)
     for rel, size, digest in rows:
         assert _checksums.CHECKSUMS[rel] == (digest, int(size)), rel
 
 
-def test_generator_reproduces_committed_table():
+def test_generator_reproduces_committed_table(data_dir):
     committed = Path(_checksums.__file__).read_text()
-    assert _gen_checksums.render(DATA) == committed
+    assert _gen_checksums.render(data_dir) == committed
 
 
 def test_every_embedded_file_has_a_source():
@@ -61,21 +60,21 @@ def test_every_embedded_file_has_a_source():
         assert src.url is None or src.url.startswith("https://"), rel
 
 
-def test_data_dir_argument_and_env_var(monkeypatch, tmp_path):
-    monkeypatch.setenv("NGVI_DATA", str(DATA))
-    assert nd.resolve_data_dir() == DATA
+def test_data_dir_argument_and_env_var(monkeypatch, tmp_path, data_dir):
+    monkeypatch.setenv("NGVI_DATA", str(data_dir))
+    assert nd.resolve_data_dir() == data_dir
     assert nd.resolve_data_dir(tmp_path) == tmp_path  # the argument wins over the environment
     split = nd.load_uci("yacht", 0)  # found through NGVI_DATA alone
     assert split.x_train.shape == (277, 6)
 
 
-def test_env_var_pointing_elsewhere_is_used(monkeypatch, tmp_path):
+def test_env_var_pointing_elsewhere_is_used(monkeypatch, tmp_path, data_dir):
     monkeypatch.setenv("NGVI_DATA", str(tmp_path))
     with pytest.raises(nd.DataNotFoundError) as err:
         nd.load_uci("yacht", 0)
     msg = str(err.value)
     assert str(tmp_path) in msg and "NGVI_DATA" in msg
-    _copy_group(YACHT, tmp_path)
+    _copy_group(data_dir, YACHT, tmp_path)
     assert nd.load_uci("yacht", 0).x_test.shape == (31, 6)
 
 
@@ -95,8 +94,8 @@ def test_nonexistent_data_dir(tmp_path):
     assert str(missing) in msg and "does not exist" in msg and "NGVI_DATA" in msg
 
 
-def test_missing_file_message_is_actionable(tmp_path):
-    _copy_group(YACHT, tmp_path)
+def test_missing_file_message_is_actionable(tmp_path, data_dir):
+    _copy_group(data_dir, YACHT, tmp_path)
     (tmp_path / YACHT / "index_test_3.txt").unlink()
     nd.load_uci("yacht", 2, data_dir=tmp_path)  # other splits still load
     with pytest.raises(nd.DataNotFoundError) as err:
@@ -110,14 +109,14 @@ def test_missing_file_message_is_actionable(tmp_path):
     assert err.value.filename == str(tmp_path / YACHT / "index_test_3.txt")
 
 
-def test_parent_folder_hint(tmp_path):
-    _copy_group(YACHT, tmp_path / "data")
+def test_parent_folder_hint(tmp_path, data_dir):
+    _copy_group(data_dir, YACHT, tmp_path / "data")
     with pytest.raises(nd.DataNotFoundError, match="did you mean"):
         nd.load_uci("yacht", 0, data_dir=tmp_path)
 
 
-def test_corrupted_byte_is_detected(tmp_path):
-    _copy_group(YACHT, tmp_path)
+def test_corrupted_byte_is_detected(tmp_path, data_dir):
+    _copy_group(data_dir, YACHT, tmp_path)
     path = tmp_path / YACHT / "data.txt"
     raw = bytearray(path.read_bytes())
     raw[100] = ord("7") if raw[100] != ord("7") else ord("8")
@@ -129,16 +128,16 @@ def test_corrupted_byte_is_detected(tmp_path):
     assert _checksums.CHECKSUMS["uci/yacht/data.txt"][0] in msg
 
 
-def test_truncated_file_is_detected(tmp_path):
-    _copy_group(YACHT, tmp_path)
+def test_truncated_file_is_detected(tmp_path, data_dir):
+    _copy_group(data_dir, YACHT, tmp_path)
     path = tmp_path / YACHT / "index_train_0.txt"
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(nd.ChecksumError, match="bytes, expected"):
         nd.load_uci("yacht", 0, data_dir=tmp_path)
 
 
-def test_verification_is_cached_but_notices_changes(tmp_path, monkeypatch):
-    _copy_group(YACHT, tmp_path)
+def test_verification_is_cached_but_notices_changes(tmp_path, monkeypatch, data_dir):
+    _copy_group(data_dir, YACHT, tmp_path)
     path = tmp_path / YACHT / "data.txt"
     calls = []
     real = _files.sha256_file
@@ -155,6 +154,24 @@ def test_verification_is_cached_but_notices_changes(tmp_path, monkeypatch):
         nd.verify_file(path, "uci/yacht/data.txt")
 
 
-def test_unknown_relative_path_is_rejected():
+def test_unknown_relative_path_is_rejected(data_dir):
     with pytest.raises(KeyError, match="not a known"):
-        nd.data_path("uci/yacht/other.txt", DATA)
+        nd.data_path("uci/yacht/other.txt", data_dir)
+
+
+def test_the_data_rule_skips_with_the_reason(monkeypatch, tmp_path):
+    """conftest's rule for every test that reads the benchmark data: a skip that says what is missing."""
+    monkeypatch.setenv("NGVI_DATA", str(tmp_path))
+    with pytest.raises(pytest.skip.Exception, match=r"no benchmark data in .*: set NGVI_DATA or put it in"):
+        need_data()
+    (tmp_path / "SHA256SUMS").write_text("")
+    assert need_data() == tmp_path
+    with pytest.raises(pytest.skip.Exception, match="no uci in the benchmark data"):
+        need_data("uci")
+
+
+def test_a_test_without_the_fixture_sees_no_data_folder():
+    """So a test that reads data without the data_dir fixture fails everywhere, not only on a clean clone."""
+    assert "NGVI_DATA" not in os.environ
+    with pytest.raises(nd.DataNotFoundError, match="No data folder given"):
+        nd.load_uci("yacht", 0)

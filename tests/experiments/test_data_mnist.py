@@ -10,10 +10,7 @@ import pytest
 import torch
 
 import ngvi.experiments.data as nd
-from conftest import data_dir
 from ngvi.experiments.data.mnist import parse_idx
-
-DATA = data_dir()
 
 COUNTS = {
     "train": [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949],
@@ -22,8 +19,8 @@ COUNTS = {
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
-def test_shapes_dtypes_and_label_counts(split):
-    x, y = nd.load_mnist(split, DATA)
+def test_shapes_dtypes_and_label_counts(split, data_dir):
+    x, y = nd.load_mnist(split, data_dir)
     n = sum(COUNTS[split])
     assert x.shape == (n, 28, 28) and x.dtype == torch.uint8
     assert y.shape == (n,) and y.dtype == torch.int64
@@ -32,26 +29,26 @@ def test_shapes_dtypes_and_label_counts(split):
         assert x.double().mean().item() == pytest.approx(33.318, abs=1e-3)
 
 
-def test_flatten_and_normalise():
-    raw, _ = nd.load_mnist("test", DATA)
-    unit, _ = nd.load_mnist("test", DATA, flatten=True, normalize="unit")
+def test_flatten_and_normalise(data_dir):
+    raw, _ = nd.load_mnist("test", data_dir)
+    unit, _ = nd.load_mnist("test", data_dir, flatten=True, normalize="unit")
     assert unit.shape == (10000, 784) and unit.dtype == torch.float32
     assert unit.min().item() == 0.0 and unit.max().item() == 1.0
     torch.testing.assert_close(unit[:500], raw[:500].reshape(500, -1).float() / 255)
-    std, _ = nd.load_mnist("test", DATA, normalize="standard", dtype=torch.float64)
+    std, _ = nd.load_mnist("test", data_dir, normalize="standard", dtype=torch.float64)
     assert std.dtype == torch.float64 and std.shape == (10000, 28, 28)
     torch.testing.assert_close(std[:500], (raw[:500].double() / 255 - nd.MNIST_MEAN) / nd.MNIST_STD)
     assert abs(std.mean().item()) < 0.02 and abs(std.std().item() - 1) < 0.02  # test pixels, train statistics
     with pytest.raises(ValueError, match="normalize"):
-        nd.load_mnist("test", DATA, normalize="minmax")  # type: ignore[arg-type]
+        nd.load_mnist("test", data_dir, normalize="minmax")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="split"):
-        nd.load_mnist("valid", DATA)  # type: ignore[arg-type]
+        nd.load_mnist("valid", data_dir)  # type: ignore[arg-type]
 
 
-def test_returned_tensors_are_independent_copies():
-    x1, _ = nd.load_mnist("test", DATA)
+def test_returned_tensors_are_independent_copies(data_dir):
+    x1, _ = nd.load_mnist("test", data_dir)
     x1[0] = 255
-    x2, _ = nd.load_mnist("test", DATA)
+    x2, _ = nd.load_mnist("test", data_dir)
     assert x2[0].float().mean().item() < 255
 
 

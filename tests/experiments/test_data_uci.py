@@ -10,9 +10,6 @@ import torch
 from scipy.stats import norm
 
 import ngvi.experiments.data as nd
-from conftest import data_dir
-
-DATA = data_dir()
 
 # From MANIFEST.md: N, columns of data.txt, features, target column, splits, train/test, n_hidden, n_epochs.
 MANIFEST = {
@@ -35,9 +32,9 @@ def test_uci_datasets_table_matches_manifest():
 
 
 @pytest.mark.parametrize("name", list(MANIFEST))
-def test_info_matches_manifest(name):
+def test_info_matches_manifest(name, data_dir):
     n, _, d, target, splits, _, _, hidden, epochs = MANIFEST[name]
-    info = nd.uci_info(name, DATA)
+    info = nd.uci_info(name, data_dir)
     assert (info.n_rows, info.n_features, info.target_column) == (n, d, target)
     assert info.feature_columns == tuple(range(d))
     assert (info.n_splits, info.n_hidden, info.n_epochs) == (splits, hidden, epochs)
@@ -46,13 +43,13 @@ def test_info_matches_manifest(name):
 
 
 @pytest.mark.parametrize("name", list(MANIFEST))
-def test_every_split_is_a_partition(name):
+def test_every_split_is_a_partition(name, data_dir):
     n, n_cols, d, target, splits, n_tr, n_te, _, _ = MANIFEST[name]
-    folder = DATA / "uci" / name
+    folder = data_dir / "uci" / name
     raw = np.loadtxt(folder / "data.txt")
     assert raw.shape == (n, n_cols) and np.isfinite(raw).all()
     for i in range(splits):
-        s = nd.load_uci(name, i, DATA)
+        s = nd.load_uci(name, i, data_dir)
         assert (s.split, s.n_splits) == (i, splits)
         assert s.x_train.shape == (n_tr, d) and s.x_test.shape == (n_te, d)
         assert s.y_train.shape == (n_tr,) and s.y_test.shape == (n_te,)
@@ -84,27 +81,27 @@ def test_aliases(alias, name):
     assert nd.uci_name(alias) == name
 
 
-def test_alias_loads_same_split():
-    a, b = nd.load_uci("boston", 4, DATA), nd.load_uci("bostonHousing", 4, DATA)
+def test_alias_loads_same_split(data_dir):
+    a, b = nd.load_uci("boston", 4, data_dir), nd.load_uci("bostonHousing", 4, data_dir)
     assert a.name == "bostonHousing"
     np.testing.assert_array_equal(a.x_train, b.x_train)
 
 
-def test_bad_name_and_split():
+def test_bad_name_and_split(data_dir):
     with pytest.raises(ValueError, match=r"unknown UCI data set 'year'.*yacht"):
-        nd.load_uci("year", 0, DATA)
+        nd.load_uci("year", 0, data_dir)
     with pytest.raises(ValueError, match=r"split must be in \[0, 5\)"):
-        nd.load_uci("protein", 5, DATA)
+        nd.load_uci("protein", 5, data_dir)
 
 
-def test_energy_target_is_heating_load():
-    x, y = nd.load_uci_data("energy", DATA)
+def test_energy_target_is_heating_load(data_dir):
+    x, y = nd.load_uci_data("energy", data_dir)
     assert x.shape == (768, 8) and y.shape == (768,)
     assert y[0] == pytest.approx(15.55)  # heating load of the first building
 
 
-def test_naval_constant_columns_are_guarded():
-    s = nd.load_uci("naval", 0, DATA)
+def test_naval_constant_columns_are_guarded(data_dir):
+    s = nd.load_uci("naval", 0, data_dir)
     z, scaler = s.standardized()
     np.testing.assert_array_equal(np.flatnonzero(scaler.constant_columns), [8, 11])
     assert np.isfinite(z.x_train).all() and np.isfinite(z.x_test).all()
@@ -114,8 +111,8 @@ def test_naval_constant_columns_are_guarded():
 
 
 @pytest.mark.parametrize("name", ["bostonHousing", "concrete", "yacht"])
-def test_standardisation_uses_training_statistics_only(name):
-    s = nd.load_uci(name, 1, DATA)
+def test_standardisation_uses_training_statistics_only(name, data_dir):
+    s = nd.load_uci(name, 1, data_dir)
     z, scaler = s.standardized()
     np.testing.assert_allclose(scaler.x_mean, s.x_train.mean(0))
     np.testing.assert_allclose(scaler.x_std, s.x_train.std(0))
@@ -126,7 +123,7 @@ def test_standardisation_uses_training_statistics_only(name):
     # the statistics are those of the training rows alone, not of all rows
     s2 = nd.Standardizer.fit(s.x_train, s.y_train)
     np.testing.assert_array_equal(s2.x_mean, scaler.x_mean)
-    x_all, y_all = nd.load_uci_data(name, DATA)
+    x_all, y_all = nd.load_uci_data(name, data_dir)
     assert not np.allclose(nd.Standardizer.fit(x_all, y_all).x_mean, scaler.x_mean)
     np.testing.assert_allclose(z.x_test, (s.x_test - s.x_train.mean(0)) / s.x_train.std(0))
     # round trips
@@ -135,8 +132,8 @@ def test_standardisation_uses_training_statistics_only(name):
     assert scaler.inverse_y_std(1.0) == pytest.approx(s.y_train.std())
 
 
-def test_standardizer_on_tensors_and_log_likelihood_offset():
-    s = nd.load_uci("concrete", 0, DATA)
+def test_standardizer_on_tensors_and_log_likelihood_offset(data_dir):
+    s = nd.load_uci("concrete", 0, data_dir)
     z, scaler = s.standardized()
     _, _, x_te, y_te = s.to_torch(torch.float64)
     zt = scaler.transform_x(x_te)
@@ -159,16 +156,16 @@ def test_standardizer_constant_target():
     np.testing.assert_array_equal(scaler.transform_y(np.full(4, 3.0)), 0.0)
 
 
-def test_to_torch():
-    s = nd.load_uci("yacht", 0, DATA)
+def test_to_torch(data_dir):
+    s = nd.load_uci("yacht", 0, data_dir)
     x_tr, y_tr, x_te, y_te = s.to_torch()
     assert x_tr.dtype == torch.float32 and x_tr.shape == (277, 6) and y_te.shape == (31,)
     assert y_tr.shape == (277,) and x_te.shape == (31, 6)
     assert s.to_torch(torch.float64)[0].dtype == torch.float64
 
 
-def test_cv_folds_partition_the_training_set():
-    s = nd.load_uci("yacht", 2, DATA)
+def test_cv_folds_partition_the_training_set(data_dir):
+    s = nd.load_uci("yacht", 2, data_dir)
     folds = s.cv_folds(n_folds=5, seed=3)
     assert len(folds) == 5 and [f.fold for f in folds] == list(range(5))
     val = np.concatenate([f.test_index for f in folds])

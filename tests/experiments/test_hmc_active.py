@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 
-from conftest import data_dir
 from ngvi.experiments.cli import main
 from ngvi.experiments.core import methods as core_methods
 from ngvi.experiments.hmc import protocol
@@ -20,10 +19,10 @@ pytest.importorskip("pyro")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_hmc_quick_writes_table4_beside_the_paper_and_resumes(tmp_path):
+def test_hmc_quick_writes_table4_beside_the_paper_and_resumes(tmp_path, data_dir):
     out = tmp_path / "hmc"
     args = ["hmc", "--quick", "--datasets", "yacht", "--trials", "2", "--out", str(out), "--jobs", "1"]
-    args += ["--data-dir", str(data_dir())]
+    args += ["--data-dir", str(data_dir)]
     assert main([*args, "--methods", "noisy_adam,noisy_kfac"]) == 0
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert set(runs) == {f"{m}/yacht/{t}" for m in ("hmc", "noisy_adam", "noisy_kfac") for t in (0, 1)}
@@ -40,10 +39,10 @@ def test_hmc_quick_writes_table4_beside_the_paper_and_resumes(tmp_path):
     assert {"vadam/yacht/1", "nng_blktri/yacht/1"} <= set(again)
 
 
-def test_active_quick_runs_both_strategies_and_reports_the_paper(tmp_path):
+def test_active_quick_runs_both_strategies_and_reports_the_paper(tmp_path, data_dir):
     out = tmp_path / "active"
     args = ["active", "--quick", "--datasets", "boston", "--trials", "1", "--methods", "noisy_kfac"]
-    assert main([*args, "--out", str(out), "--jobs", "1", "--data-dir", str(data_dir())]) == 0
+    assert main([*args, "--out", str(out), "--jobs", "1", "--data-dir", str(data_dir)]) == 0
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert set(runs) == {f"{m}/bostonHousing/0/{s}" for m in ("hmc", "noisy_kfac") for s in "RA"}
     for r in runs.values():

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import data_dir
 from ngvi.experiments.cli import main
 from ngvi.experiments.core import training
 from ngvi.experiments.core.methods import METHODS
@@ -88,10 +87,10 @@ def test_toy_data_and_true_posterior_grid():
     np.testing.assert_allclose(np.diag(prior.cov), 100.0, rtol=1e-3)
 
 
-def test_quick_run_writes_figures_table_and_the_claims(tmp_path):
+def test_quick_run_writes_figures_table_and_the_claims(tmp_path, data_dir):
     out = tmp_path / "logreg"
     args = ["logreg", "--quick", "--methods", "vogn,vadam,ivon", "--batch-sizes", "1,64"]
-    args += ["--out", str(out), "--jobs", "1", "--data-dir", str(data_dir())]
+    args += ["--out", str(out), "--jobs", "1", "--data-dir", str(data_dir)]
     assert main(args) == 0
     for png in ("fig2a_toy.png", "fig2b_breast_cancer.png", "fig2b_usps_3vs5.png", "fig2c_minibatch.png"):
         data = (out / png).read_bytes()

@@ -7,16 +7,10 @@ import json
 
 import pytest
 
-from conftest import data_dir
 from ngvi.experiments import prune
 from ngvi.experiments.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _data(monkeypatch):
-    if not (data_dir() / "mnist").is_dir():
-        pytest.skip(f"MNIST not found in {data_dir()} (set NGVI_DATA)")
-    monkeypatch.setenv("NGVI_DATA", str(data_dir()))
+pytestmark = [pytest.mark.data("mnist"), pytest.mark.usefixtures("data_dir")]  # found through $NGVI_DATA
 
 
 def test_prune_quick_writes_png_table_and_resumes(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import data_dir
+from conftest import need_data
 from ngvi.baselines import BBVI
 from ngvi.experiments.cli import main
 from ngvi.experiments.core.report import bold_set, fmt_mean_se
@@ -43,7 +43,7 @@ def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("uci")
     args = ["uci", "--datasets", "yacht", "--methods", ",".join(AVAILABLE), "--splits", "2", "--epochs", "2"]
     args += ["--tune", "bo", "--trials", "2", "--folds", "2", "--jobs", "2", "--out", str(out)]
-    args += ["--data-dir", str(data_dir())]
+    args += ["--data-dir", str(need_data("uci"))]
     assert main(args) == 0
     return out, args
 
@@ -67,19 +67,19 @@ def test_smoke_run_writes_a_valid_table_for_every_method(smoke_run):
     assert tuned["yacht/mc_dropout"]["prior_prec"] == pytest.approx(1e-4)  # Gal's length-scale, not tuned
 
 
-def test_rerun_resumes_without_refitting(smoke_run):
+def test_rerun_resumes_without_refitting(smoke_run, data_dir):
     out, args = smoke_run
     before = json.loads((out / "results.json").read_text())
-    assert main([*args[:-2], "--data-dir", str(data_dir())]) == 0
+    assert main([*args[:-2], "--data-dir", str(data_dir)]) == 0
     after = json.loads((out / "results.json").read_text())
     assert after["runs"] == before["runs"]
 
 
-def test_clear_errors(tmp_path, capsys):
+def test_clear_errors(tmp_path, capsys, data_dir):
     assert main(["uci", "--methods", "sgd", "--out", str(tmp_path)]) == 2
     assert "--methods: unknown sgd" in capsys.readouterr().err
     args = ["uci", "--datasets", "yacht", "--methods", "vprop", "--tune", "none", "--epochs", "3"]
-    assert main([*args, "--out", str(tmp_path), "--data-dir", str(data_dir())]) == 2
+    assert main([*args, "--out", str(tmp_path), "--data-dir", str(data_dir)]) == 2
     assert "no tuned hyperparameters" in capsys.readouterr().err
     assert (
         main(["uci", "--datasets", "yacht", "--out", str(tmp_path), "--data-dir", str(tmp_path / "nope")])
@@ -188,7 +188,7 @@ def test_bo_evaluates_the_warm_starts_first(tmp_path):
     assert best["noise_prec"] == pytest.approx(math.exp(2.0)) and best["cv_loglik"] == pytest.approx(0.0)
 
 
-def test_merge_builds_one_table_from_pieces(tmp_path, capsys):
+def test_merge_builds_one_table_from_pieces(tmp_path, capsys, data_dir):
     config = {"protocol": {"epochs": 40, "eval_samples": 100, "curve": True}, "seed": 0}
     hp = {
         "prior_prec": 1.0,
@@ -214,7 +214,7 @@ def test_merge_builds_one_table_from_pieces(tmp_path, capsys):
         "none",
         out,
         merge_from=[tmp_path / "vadam", tmp_path / "bbvi"],
-        data_dir=str(data_dir()),
+        data_dir=str(data_dir),
     )
     assert sorted(results["runs"]) == ["yacht/bbvi/0", "yacht/bbvi/1", "yacht/vadam/0", "yacht/vadam/1"]
     assert set(json.loads((out / "tuned.json").read_text())) == {"yacht/vadam", "yacht/bbvi"}
@@ -223,7 +223,7 @@ def test_merge_builds_one_table_from_pieces(tmp_path, capsys):
     other.mkdir()
     (other / "results.json").write_text(json.dumps({"config": {**config, "seed": 1}, "runs": {}}))
     args = ["uci", "--datasets", "yacht", "--methods", "vadam", "--out", str(out), "--merge-from", str(other)]
-    assert main([*args, "--data-dir", str(data_dir())]) == 2
+    assert main([*args, "--data-dir", str(data_dir)]) == 2
     assert "same protocol and seed" in capsys.readouterr().err
 
 
@@ -258,7 +258,7 @@ def test_diverged_fits_are_left_out_and_listed():
     assert "Diverged fits" in table and "BBVI on yacht: 1" in table
 
 
-def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, data_dir):
     from ngvi.experiments.uci import experiment
     from ngvi.optim.base import NonFiniteGradientError
 
@@ -267,5 +267,5 @@ def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(experiment, "fit", diverge)
     (tmp_path / "tuned.json").write_text(json.dumps({"yacht/vadam": {"prior_prec": 1.0, "noise_prec": 1.0}}))
-    results = run_uci(["yacht"], ["vadam"], 2, "none", tmp_path, jobs=1, data_dir=str(data_dir()))
+    results = run_uci(["yacht"], ["vadam"], 2, "none", tmp_path, jobs=1, data_dir=str(data_dir))
     assert results["runs"] == {f"yacht/vadam/{s}": {"diverged": "non-finite gradient"} for s in (0, 1)}

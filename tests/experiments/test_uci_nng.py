@@ -10,11 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from conftest import data_dir
 from ngvi.experiments.cli import main
 from ngvi.experiments.uci_nng.noise import GammaNoise
 
-pytestmark = pytest.mark.skipif(not (data_dir() / "uci").is_dir(), reason="needs the UCI data ($NGVI_DATA)")
+pytestmark = pytest.mark.data("uci")
 
 
 def test_noise_gradient_is_the_elbo_gradient_and_vanishes_at_the_conjugate_optimum():
@@ -42,7 +41,7 @@ def test_noise_gradient_is_the_elbo_gradient_and_vanishes_at_the_conjugate_optim
     assert noise.mean() == pytest.approx((6 + 150) / (6 + 150 * 0.05), rel=0.05)
 
 
-def test_smoke_run_writes_the_table_beside_nngs_and_merges(tmp_path, capsys):
+def test_smoke_run_writes_the_table_beside_nngs_and_merges(tmp_path, capsys, data_dir):
     out = tmp_path / "a"
     args = [
         "uci-nng",
@@ -55,7 +54,7 @@ def test_smoke_run_writes_the_table_beside_nngs_and_merges(tmp_path, capsys):
         "--epochs",
         "1",
     ]
-    args += ["--train-samples", "2", "--jobs", "1", "--out", str(out), "--data-dir", str(data_dir())]
+    args += ["--train-samples", "2", "--jobs", "1", "--out", str(out), "--data-dir", str(data_dir)]
     assert main(args) == 0
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert set(runs) == {f"yacht/{m}/{s}" for m in ("noisy_kfac", "bbvi") for s in (0, 1)}
@@ -68,15 +67,15 @@ def test_smoke_run_writes_the_table_beside_nngs_and_merges(tmp_path, capsys):
     assert (out / "rmse.png").read_bytes()[:4] == b"\x89PNG"
     merged = tmp_path / "b"
     assert main(["uci-nng", "--datasets", "yacht", "--merge-from", str(out), "--report-only", "--out",
-                 str(merged), "--data-dir", str(data_dir())]) == 0  # fmt: skip
+                 str(merged), "--data-dir", str(data_dir)]) == 0  # fmt: skip
     assert json.loads((merged / "results.json").read_text())["runs"] == runs
 
 
-def test_precision_figure_shows_what_each_family_can_represent(tmp_path):
+def test_precision_figure_shows_what_each_family_can_represent(tmp_path, data_dir):
     """FFG: a diagonal precision; MVG: no precision between layers; BlkTri: its inverse (the covariance)
     is zero between layers 1 and 3; full: all of them."""
     out = tmp_path / "fig"
-    args = ["nng-precision", "--quick", "--jobs", "1", "--out", str(out), "--data-dir", str(data_dir())]
+    args = ["nng-precision", "--quick", "--jobs", "1", "--out", str(out), "--data-dir", str(data_dir)]
     assert main(args) == 0
     assert (out / "precision.png").read_bytes()[:4] == b"\x89PNG"
     assert "| NNG-BlkTri |" in (out / "table.md").read_text()

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import data_dir
 from ngvi.experiments.cli import main
 from ngvi.experiments.data import DataNotFoundError
 from ngvi.experiments.data._safe_pickle import loads
@@ -20,12 +19,12 @@ from ngvi.experiments.data.fashion_mnist import DEBIAN_DIR, load_fashion_mnist
 from ngvi.experiments.vision import experiment, models
 from ngvi.experiments.vision.transforms import flip_crop, random_shift, rotate
 
-HAS_MNIST = (data_dir() / "mnist" / "t10k-images-idx3-ubyte.gz").is_file()
+MNIST = "mnist/t10k-images-idx3-ubyte.gz"
 HAS_FASHION = (DEBIAN_DIR / "t10k-images-idx3-ubyte.gz").is_file()
 
 
-@pytest.mark.skipif(not HAS_MNIST, reason="needs the MNIST files of the benchmark data")
-def test_tiny_mnist_run_per_optimizer(tmp_path):
+@pytest.mark.data(MNIST)
+def test_tiny_mnist_run_per_optimizer(tmp_path, data_dir):
     """Every optimizer trains LeNet-5 for a few steps and is evaluated (BMA and mean weights, shift curve);
     the metrics are finite and consistent, and the report is written."""
     out = tmp_path / "classify"
@@ -38,7 +37,7 @@ def test_tiny_mnist_run_per_optimizer(tmp_path):
         "--jobs",
         "2",
         "--data-dir",
-        str(data_dir()),
+        str(data_dir),
     ]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
@@ -58,11 +57,12 @@ def test_tiny_mnist_run_per_optimizer(tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.skipif(not (HAS_MNIST and HAS_FASHION), reason="needs MNIST and Debian's dataset-fashion-mnist")
-def test_out_of_distribution_part(tmp_path):
+@pytest.mark.data(MNIST)
+@pytest.mark.skipif(not HAS_FASHION, reason="needs Debian's dataset-fashion-mnist")
+def test_out_of_distribution_part(tmp_path, data_dir):
     out = tmp_path / "ood"
     args = ["classify", "--quick", "--methods", "ivon", "--out", str(out), "--jobs", "1"]
-    assert main([*args, "--data-dir", str(data_dir())]) == 0
+    assert main([*args, "--data-dir", str(data_dir)]) == 0
     r = json.loads((out / "results.json").read_text())["runs"]["ivon"]
     assert (
         0 <= r["bma"]["ood_auroc"] <= 1 and sum(r["entropy_hist"]["ood_bma"]) == experiment.QUICK["ood_size"]

@@ -11,11 +11,13 @@ simulates the Hamiltonian dynamics of U with a diagonal mass matrix and a step s
 each from its own draw from the prior (over-dispersed starts, so that R-hat can detect chains that have not
 mixed), each with its own seeded generator; the global torch RNG is left as it was.
 
-Diagnostics come from ``pyro.infer.mcmc.util.diagnostics`` (split R-hat and the effective sample size of
-Geyer's initial monotone sequence, over all chains). For a neural network the weights themselves are not
-identified (permuting hidden units or flipping signs leaves f unchanged), so chains that each found a
-different permutation have a large weight R-hat while agreeing perfectly on every prediction: check the
-diagnostics of the quantity you use, e.g. :meth:`NUTSPosterior.output_diagnostics` on the predictions.
+Split R-hat comes from ``pyro.infer.mcmc.util.diagnostics``; the effective sample size from
+:func:`effective_sample_size` (Geyer's initial monotone sequence over all chains, which stays in
+(0, chains·samples] for short chains, where pyro's estimate can turn negative). For a neural network
+the weights themselves are not identified (permuting hidden units or flipping signs leaves f unchanged), so
+chains that each found a different permutation have a large weight R-hat while agreeing perfectly on every
+prediction: check the diagnostics of the quantity you use, e.g. :meth:`NUTSPosterior.output_diagnostics` on
+the predictions.
 
 pyro-ppl is imported inside :func:`nuts_posterior`, so ``import ngvi`` does not need it; it comes with the
 ``experiments`` extra (``pip install "ngvi[experiments]"``).
@@ -35,7 +37,7 @@ from torch.func import functional_call
 
 from .. import _validation as check
 
-__all__ = ["NUTSPosterior", "nuts_posterior"]
+__all__ = ["NUTSPosterior", "effective_sample_size", "nuts_posterior"]
 
 PYRO_MISSING = 'NUTS needs pyro-ppl, part of the experiments extra: pip install "ngvi[experiments]"'
 
@@ -102,8 +104,8 @@ class NUTSPosterior:
         pyro = _import_pyro()
         out = self.predict(x, thin)
         out = out.reshape(self.chains, -1, *out.shape[1:])
-        stats = pyro.infer.mcmc.util.diagnostics({"f": out})["f"]
-        return {"r_hat": stats["r_hat"], "ess": stats["n_eff"]}
+        r_hat = pyro.infer.mcmc.util.diagnostics({"f": out})["f"]["r_hat"]
+        return {"r_hat": r_hat, "ess": effective_sample_size(out)}
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able record: settings, the worst weight R-hat and ESS, divergences, step sizes, timings."""
@@ -116,6 +118,39 @@ class NUTSPosterior:
             "step_size": self.step_size,
             "seconds": self.seconds,
         }
+
+
+def effective_sample_size(draws: Tensor) -> Tensor:
+    r"""The effective sample size of each quantity in ``draws`` ([chains, samples, ...]), over all chains.
+
+    Geyer's initial monotone sequence estimator on the multi-chain autocorrelations
+    ρₜ = 1 − (W − ⟨γₜ⟩) / var⁺ (W: the mean within-chain variance, ⟨γₜ⟩: the chains' mean autocovariance at
+    lag t, var⁺ = (n−1)/n · W + the variance of the chain means): the sums of pairs Pₖ = ρ₂ₖ + ρ₂ₖ₊₁ are
+    kept while positive and made non-increasing, τ = −1 + 2 Σₖ Pₖ, and ESS = chains·samples / τ. τ is taken
+    at least 1, so the ESS lies in (0, chains·samples] even for a few draws or antithetic chains (where the
+    raw estimate would exceed the number of draws or turn negative). A quantity constant over all draws has
+    ESS chains·samples (its mean is known exactly). Needs at least 2 draws per chain.
+    """
+    if draws.dim() < 2:
+        raise ValueError(f"draws must have shape [chains, samples, ...], got {tuple(draws.shape)}")
+    chains, n = draws.shape[:2]
+    if n < 2 or chains < 1:
+        raise ValueError(f"the effective sample size needs at least 2 draws per chain, got {n}")
+    x = draws.detach().to(torch.float64).reshape(chains, n, -1)
+    centred = x - x.mean(1, keepdim=True)
+    spectrum = torch.fft.rfft(centred, n=2 * n, dim=1)  # zero-padded: linear, not circular, correlation
+    acov = torch.fft.irfft(spectrum.abs() ** 2, n=2 * n, dim=1)[:, :n] / n  # [chains, lag, quantity]
+    within = acov[:, 0].mean(0) * n / (n - 1)
+    var_plus = acov[:, 0].mean(0) + (x.mean(1).var(0) if chains > 1 else 0.0)
+    constant = var_plus <= 0
+    rho = 1 - (within - acov.mean(0)) / torch.where(constant, 1.0, var_plus)
+    rho[0] = 1.0
+    pairs = rho[: n - n % 2].reshape(n // 2, 2, -1).sum(1)  # P_k = ρ_2k + ρ_2k+1
+    initial = torch.cumprod((pairs > 0).to(pairs.dtype), 0)  # 1 up to the first non-positive pair
+    monotone = torch.cummin(pairs, 0).values
+    tau = (2 * (monotone * initial).sum(0) - 1).clamp(min=1.0)
+    ess = torch.where(constant, float(chains * n), chains * n / tau)
+    return ess.reshape(draws.shape[2:]).to(draws.dtype if draws.is_floating_point() else torch.float64)
 
 
 def _layout(model: nn.Module) -> tuple[list[str], list[torch.Size]]:
@@ -181,6 +216,8 @@ def nuts_posterior(
     for name, value in (("num_samples", num_samples), ("warmup", warmup), ("chains", chains)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if num_samples < 2:
+        raise ValueError(f"num_samples must be at least 2 (the ESS needs 2 draws a chain), got {num_samples}")
     if not isinstance(x, Tensor) or not isinstance(y, Tensor) or x.shape[0] != y.shape[0]:
         raise ValueError("x and y must be tensors with the same number of rows")
     if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(y).all())):
@@ -236,7 +273,7 @@ def nuts_posterior(
             divergences.append(len(info["divergences"]["chain 0"]))
             steps.append(float(kernel.step_size))
     stacked = torch.stack(draws)  # [chains, samples, D]
-    stats = pyro.infer.mcmc.util.diagnostics({"theta": stacked})["theta"]
+    r_hat = pyro.infer.mcmc.util.diagnostics({"theta": stacked})["theta"]["r_hat"]
     settings = {
         "num_samples": num_samples,
         "warmup": warmup,
@@ -247,5 +284,5 @@ def nuts_posterior(
         "jit_compile": jit_compile,
     }
     return NUTSPosterior(
-        model, stacked, stats["r_hat"], stats["n_eff"], divergences, steps, seconds, settings
+        model, stacked, r_hat, effective_sample_size(stacked), divergences, steps, seconds, settings
     )

@@ -46,6 +46,7 @@ def _label(name: str) -> str:
 
 class Active(Experiment):
     name = "active"
+    requires = ("tqdm", "matplotlib", "scipy", "pyro")
     help = "NNG Table 3: active learning (max predictive variance vs random) on UCI, test RMSE, with HMC"
     default_out = "runs/active"
 

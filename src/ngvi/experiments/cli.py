@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from . import COMMANDS, command
-from .core.args import Parser, positive_int
+from .core.args import Parser, jobs, out_folder
 
 # The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
 # imports as pyro): the library needs only torch and numpy, the experiments need these as well.
@@ -73,9 +73,9 @@ def build_parser() -> Parser:
 
 def _common_arguments(parser: Parser, experiment: Any) -> None:
     out = experiment.default_out
-    parser.add_argument("--out", default=out, help=f"results folder (default: {out})")
+    parser.add_argument("--out", type=out_folder, default=out, help=f"results folder (default: {out})")
     if experiment.parallel:
-        parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default: 2)")
+        parser.add_argument("--jobs", type=jobs, default=2, help="worker processes (default: 2)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cmd = command(args.command)
             if hasattr(cmd, "run_job"):
-                missing = sorted(m for m in EXPERIMENTS_EXTRA if importlib.util.find_spec(m) is None)
+                missing = [m for m in cmd.requires if importlib.util.find_spec(m) is None]
                 if missing:  # say so before any work, not after the first fits
                     raise ModuleNotFoundError(f"No module named {missing[0]!r}", name=missing[0])
                 run(cmd, args)

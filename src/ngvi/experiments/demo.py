@@ -65,6 +65,7 @@ NOTES = {
 
 class Demo(Experiment):
     name = "demo"
+    requires = ("tqdm", "matplotlib", "pyro")
     help = "train every optimizer on a 1-D toy regression and plot the predictive bands (~30 s)"
     default_out = "runs/demo"
 

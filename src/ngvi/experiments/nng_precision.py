@@ -85,6 +85,7 @@ def block_means(norm: np.ndarray, layers: list[slice]) -> dict[str, float]:
 
 class NNGPrecision(Experiment):
     name = "nng-precision"
+    requires = ("tqdm", "matplotlib", "scipy")
     help = "NNG's Fig. 1: normalised precision matrices of NNG-full, FFG, MVG and BlkTri on Boston"
     default_out = "runs/nng-precision"
 

@@ -99,7 +99,10 @@ class Prune(Experiment):
         parser.add_argument("--seeds", type=types.positive_int, default=1, help="runs per method (default 1)")
         parser.add_argument("--batch-size", type=types.positive_int, default=128)
         parser.add_argument(
-            "--dropout", type=float, default=0.2, help="dropout rate of the hidden layers (default 0.2)"
+            "--dropout",
+            type=types.float_range(0.0, 0.99),
+            default=0.2,
+            help="dropout rate of the hidden layers, in [0, 0.99] (default 0.2)",
         )
         parser.add_argument(
             "--quick",

@@ -27,7 +27,12 @@ class Bench(Experiment):
     parallel = False  # timings: one job after another, in this process
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: the accelerator if any)")
+        parser.add_argument(
+            "--device",
+            type=types.device,
+            default=None,
+            help="cpu, cuda, ... (default: the accelerator if any)",
+        )
         parser.add_argument("--quick", action="store_true", help="tiny models and few steps: a smoke run")
         parser.add_argument(
             "--methods",

@@ -93,6 +93,7 @@ def authors_log_loss(logit_samples: torch.Tensor, y: torch.Tensor) -> float:
 
 class Convergence(Experiment):
     name = "convergence"
+    requires = ("tqdm", "matplotlib", "scipy")
     help = "test log-loss against iterations for BBVI, Vadam, VOGN and IVON (Khan et al. 2018, Fig. 3 left)"
     default_out = "runs/convergence"
 

@@ -65,6 +65,29 @@ class ResultsFolder:
             raise ValueError(f"{file} is not an ngvi results file (expected {shape}); {fix}")
         return data
 
+    def load_results(self, name: str = "results.json") -> dict[str, Any]:
+        """The runner's results in ``name`` ({} if absent): an object with a ``config`` object and ``runs``,
+        an object of job results (each a non-empty object). Anything else (another program's
+        ``results.json``, a hand-edited entry) is refused, never adopted or rewritten."""
+        data = self.load(name, required=("runs", "config"))
+        if not data:
+            return data
+        file = self.path / name
+        fix = "remove it or choose another --out (the file is left as it is)"
+        missing = [k for k in ("config", "runs") if k not in data]
+        if missing:
+            raise ValueError(
+                f"{file} is not an ngvi results file (no {' or '.join(map(repr, missing))}); {fix}"
+            )
+        for key, result in data["runs"].items():
+            if not isinstance(result, dict) or not result:
+                shown = json.dumps(result)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise ValueError(
+                    f"{file} is not an ngvi results file (job {key!r} holds {shown}, not a result); {fix}"
+                )
+        return data
+
     def save(self, name: str, data: dict[str, Any]) -> None:
         """Write atomically, so a run killed mid-write leaves the previous file intact."""
         file = self.path / name

@@ -14,9 +14,12 @@ import argparse
 import contextlib
 import json
 import multiprocessing
+import os
+import select
 import signal
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +51,8 @@ class Experiment:
     default_out: str = ""
     #: jobs may run in worker processes (False: in this process, one after another, e.g. timings)
     parallel: bool = True
+    #: the packages of the ``experiments`` extra that the command imports (checked before any work)
+    requires: tuple[str, ...] = ("tqdm", "matplotlib")
     #: example command lines (with a comment each) for the end of ``ngvi <name> --help``
     examples: tuple[str, ...] = ()
 
@@ -72,8 +77,45 @@ class Experiment:
         """Tables and figures from ``run.results``, into ``run.out``."""
 
 
-def _worker_init() -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+def _watch_main(pid: int, on_exit: Callable[[], None], interval: float = 1.0) -> None:
+    """Call ``on_exit`` once process ``pid`` has ended: waits on a pidfd where the OS has them (Linux), else
+    polls every ``interval`` seconds."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        fd = None
+        interval = 0.0
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has exited
+        os.close(fd)
+    else:
+        while interval and _alive(pid):
+            time.sleep(interval)
+    on_exit()
+
+
+def _worker_init(main_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    # A SIGKILLed run runs no cleanup: each worker ends itself when the main process is gone. (A parent-death
+    # signal would not do: a worker's parent is the fork server, which lives on while workers hold its pipe.)
+    threading.Thread(
+        target=_watch_main,
+        args=(main_pid, lambda: os.kill(os.getpid(), signal.SIGTERM)),
+        daemon=True,
+        name="ngvi-main-watch",
+    ).start()
     torch.set_num_threads(1)
 
 
@@ -93,12 +135,19 @@ class Workers:
         self.pool = None
         if jobs > 1:
             context = multiprocessing.get_context("forkserver")
-            self.pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init)
+            self.pool = ProcessPoolExecutor(
+                jobs, mp_context=context, initializer=_worker_init, initargs=(os.getpid(),)
+            )
 
     def map(self, experiment: Experiment, specs: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """The results of ``experiment.run_job`` on ``specs``, in order, as they finish."""
         if self.pool is not None:
-            yield from self.pool.map(_call, [(experiment, s) for s in specs])
+            # Not pool.map: on an interrupt its generator cancels the pending futures from this thread while
+            # the pool's thread, seeing the terminated workers, sets an exception on each of them
+            # (InvalidStateError, printed as a traceback). Here only the pool's thread ever touches them.
+            futures = [self.pool.submit(_call, (experiment, s)) for s in specs]
+            for future in futures:
+                yield future.result()
             return
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -173,10 +222,25 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    signals = (signal.SIGINT, signal.SIGTERM)
+    try:
+        previous = [signal.signal(s, signal.SIG_IGN) for s in signals]
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in zip(signals, previous, strict=True):
+            signal.signal(s, handler)
+
+
 def run(experiment: Experiment, args: argparse.Namespace) -> Run:
     """Check the folder, resume from its results, prepare, run the missing jobs, and report."""
     out = ResultsFolder(args.out)
-    results = out.load(RESULTS, required=("runs", "config"))
+    results = out.load_results(RESULTS)
     config = json.loads(json.dumps(experiment.config(args)))  # as read back (tuples become lists)
     if results.get("config", config) != config:
         raise ValueError(
@@ -192,7 +256,8 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Run:
             experiment.prepare(args, current)
             current.run_jobs(experiment.jobs(args, current))
         except KeyboardInterrupt:
-            workers.close(terminate=True)
+            with _signals_ignored():  # a second Ctrl-C or SIGTERM must not cut the cleanup short
+                workers.close(terminate=True)
             done = len(results["runs"])
             raise Interrupted(
                 f"interrupted; {done} finished job(s) are kept in {out / RESULTS}: rerun the same command to "

@@ -31,9 +31,8 @@ def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget) -> Non
         ("--tree-depth", "tree_depth", "NUTS maximum tree depth (at most 2^depth leapfrog steps a draw)"),
     ):
         default = getattr(budget, field)
-        parser.add_argument(
-            flag, type=arg_types.positive_int, default=default, help=f"{text} (default {default})"
-        )
+        kind = arg_types.int_range(2) if field == "samples" else arg_types.positive_int  # 2 for the ESS
+        parser.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny budgets (for tests)")
     parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
     parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
@@ -64,6 +63,7 @@ def method_argument(parser: argparse.ArgumentParser) -> None:
 
 class HMC(Experiment):
     name = "hmc"
+    requires = ("tqdm", "matplotlib", "scipy", "pyro")
     help = "NNG Table 4: correlation of each method's predictive variances with HMC's (pyro NUTS) on UCI"
     default_out = "runs/hmc"
 

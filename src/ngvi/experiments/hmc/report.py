@@ -118,8 +118,9 @@ def _diagnostics_table(runs: dict[str, Any], datasets: list[str], trials: int) -
         "NUTS seconds / trial",
     ]
     note = (
-        "NUTS diagnostics over all trials (pyro's split R-hat and ESS over the chains). f(x*) are the "
-        "predictions at the unlabelled points, which the table uses; single weights are not identified "
+        "NUTS diagnostics over all trials (pyro's split R-hat; ESS by Geyer's initial monotone sequence; "
+        "both over the chains). f(x*) are the predictions at the unlabelled points, which the table uses; "
+        "single weights are not identified "
         "(hidden units can swap), so their R-hat can be large while every prediction agrees.\n\n"
     )
     return note + markdown_table(header, rows)

@@ -37,6 +37,7 @@ def _key(*parts: Any) -> str:
 
 class LogReg(Experiment):
     name = "logreg"
+    requires = ("tqdm", "matplotlib", "scipy")
     help = "Bayesian logistic regression against MF-Exact (Khan et al. 2018, §6.1, Fig. 2)"
     default_out = "runs/logreg"
 

@@ -28,6 +28,8 @@ COLORS = {
     "sgd_explore": "tab:olive", "adam_explore": "tab:red",
 }  # fmt: skip
 ADAM_FAMILY = ("vadam", "adam_plain", "adam_explore")  # Fig. 5
+DEFAULTS = {"env": "HalfCheetah-v5", "steps": 3_000_000, "eval_every": 10_000, "test_episodes": 20}  # App. K
+QUICK = {"env": "Pendulum-v1", "steps": 300, "eval_every": 150, "test_episodes": 1}
 
 
 def _mujoco_warnings_to_python() -> None:
@@ -42,32 +44,43 @@ def _mujoco_warnings_to_python() -> None:
 
 class RL(Experiment):
     name = "rl"
+    requires = ("tqdm", "matplotlib", "gymnasium", "stable_baselines3")
     help = "DDPG with the actor sampled from q at every step (Khan et al. 2018, App. K): test return vs steps"
     default_out = "runs/rl"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--variants", VARIANTS)
         parser.add_argument(
-            "--env", default="HalfCheetah-v5", help="a gymnasium task with continuous actions"
+            "--env",
+            default=None,
+            help="a gymnasium task with continuous actions (default HalfCheetah-v5; --quick: Pendulum-v1)",
         )
         parser.add_argument(
             "--steps",
             type=types.positive_int,
-            default=3_000_000,
-            help="environment steps (default 3M, App. K)",
+            default=None,
+            help="environment steps (default 3M, App. K; --quick: 300)",
         )
         parser.add_argument(
-            "--eval-every", type=types.positive_int, default=10_000, help="steps between tests (default 10k)"
+            "--eval-every",
+            type=types.positive_int,
+            default=None,
+            help="steps between tests (default 10k; --quick: 150)",
         )
         parser.add_argument(
-            "--test-episodes", type=types.positive_int, default=20, help="episodes per test (default 20)"
+            "--test-episodes",
+            type=types.positive_int,
+            default=None,
+            help="episodes per test (default 20; --quick: 1)",
         )
         parser.add_argument(
             "--seeds", type=types.positive_int, default=3, help="seeds per variant (default 3)"
         )
         parser.add_argument("--first-seed", type=types.non_negative_int, default=0)
         parser.add_argument(
-            "--quick", action="store_true", help="CI smoke run: Pendulum-v1, 300 steps, 2 tests of 1 episode"
+            "--quick",
+            action="store_true",
+            help="CI smoke run: Pendulum-v1, 300 steps, 2 tests of 1 episode (options given explicitly win)",
         )
         parser.add_argument(
             "--merge-from",
@@ -77,16 +90,12 @@ class RL(Experiment):
         )
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
-        if args.quick:
-            return {"env": "Pendulum-v1", "steps": 300, "eval_every": 150, "test_episodes": 1}
-        if args.eval_every > args.steps:
-            raise ValueError(f"--eval-every ({args.eval_every}) is more than --steps ({args.steps})")
-        return {
-            "env": args.env,
-            "steps": args.steps,
-            "eval_every": args.eval_every,
-            "test_episodes": args.test_episodes,
-        }
+        config = types.with_quick(args, DEFAULTS, QUICK)  # an explicit option wins over --quick
+        if config["eval_every"] > config["steps"]:
+            raise ValueError(
+                f"--eval-every ({config['eval_every']}) is more than --steps ({config['steps']})"
+            )
+        return config
 
     def _seeds(self, args: argparse.Namespace) -> list[int]:
         return list(range(args.first_seed, args.first_seed + args.seeds))
@@ -105,7 +114,7 @@ class RL(Experiment):
             )
         env.close()
         for path in args.merge_from:
-            other = ResultsFolder(path, writable=False).load("results.json", required=("runs", "config"))
+            other = ResultsFolder(path, writable=False).load_results()
             if other.get("config") != run.results["config"]:
                 raise ValueError(
                     f"{path} was run with {other.get('config')}, {run.out.path} with "

@@ -50,6 +50,7 @@ def _tunes_only_prior_and_noise(method: UCIMethod) -> bool:
 
 class UCI(Experiment):
     name = "uci"
+    requires = ("tqdm", "matplotlib", "scipy", "optuna")
     help = "the UCI regression benchmark (Khan et al. 2018 and Zhang et al. 2018, Table 1)"
     default_out = "runs/uci"
 

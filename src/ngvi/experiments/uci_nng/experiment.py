@@ -42,6 +42,7 @@ def _key(*parts: Any) -> str:
 
 class UCINNG(Experiment):
     name = "uci-nng"
+    requires = ("tqdm", "matplotlib", "scipy")
     help = "the UCI regression benchmark under NNG's protocol (Zhang et al. 2018, §5.1, Table 1)"
     default_out = "runs/uci-nng"
 
@@ -108,7 +109,7 @@ class UCINNG(Experiment):
     def _merge(self, path: str, args: argparse.Namespace, run: Run) -> None:
         from ..core.results import ResultsFolder
 
-        other = ResultsFolder(path, writable=False).load("results.json", required=("runs",))
+        other = ResultsFolder(path, writable=False).load_results()
         if not other:
             raise ValueError(f"{path} holds no results.json to merge")
         for key, value in other["runs"].items():

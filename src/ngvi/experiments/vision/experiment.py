@@ -62,6 +62,17 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "mc_dropout": {"lr": 1e-3},
 }  # fmt: skip
 MODELS = ("cnn", "mlp", "vgg16", "resnet20")
+# the options that --quick sets (when not given), with their defaults (None: all of the set)
+DEFAULTS = {
+    "epochs": 5,
+    "batch_size": 128,
+    "train_size": None,
+    "test_size": None,
+    "ood_size": 10000,
+    "shift_size": 2000,
+    "angles": [0.0, 15.0, 30.0, 45.0, 60.0, 75.0, 90.0],
+    "test_samples": 32,
+}
 QUICK = {
     "epochs": 1,
     "batch_size": 32,
@@ -76,18 +87,6 @@ QUICK = {
 
 def default_methods() -> list[str]:
     return [*MNIST_METHODS, *(m for m in OPTIONAL_METHODS if m in METHODS and METHODS[m].available())]
-
-
-def _angles(text: str) -> list[float]:
-    try:
-        values = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated angles in degrees, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one angle")
-    return values
 
 
 class Classify(Experiment):
@@ -122,31 +121,38 @@ class Classify(Experiment):
             default="none",
             help="training augmentation: shift (±2 px, MNIST) or flip-crop (CIFAR-10)",
         )
-        parser.add_argument("--epochs", type=types.positive_int, default=5)
-        parser.add_argument("--batch-size", type=types.positive_int, default=128)
+        parser.add_argument(
+            "--epochs", type=types.positive_int, default=None, help="training epochs (default 5; --quick: 1)"
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=types.positive_int,
+            default=None,
+            help="minibatch size (default 128; --quick: 32)",
+        )
         parser.add_argument(
             "--train-size",
             type=types.positive_int,
             default=None,
-            help="train on a seeded random subset of this size (default: all)",
+            help="train on a seeded random subset of this size (default: all; --quick: 512)",
         )
         parser.add_argument(
             "--test-size",
             type=types.positive_int,
             default=None,
-            help="evaluate on the first K test images (default: all)",
+            help="evaluate on the first K test images (default: all; --quick: 256)",
         )
         parser.add_argument(
             "--test-samples",
             type=types.positive_int,
-            default=32,
-            help="posterior samples of the Bayesian model average (default 32)",
+            default=None,
+            help="posterior samples of the Bayesian model average (default 32; --quick: 4)",
         )
         parser.add_argument(
             "--ood-size",
             type=types.positive_int,
-            default=10000,
-            help="Fashion-MNIST test images for the OOD part (default 10000)",
+            default=None,
+            help="Fashion-MNIST test images for the OOD part (default 10000; --quick: 256)",
         )
         parser.add_argument("--no-ood", action="store_true", help="skip the out-of-distribution part")
         parser.add_argument(
@@ -156,15 +162,16 @@ class Classify(Experiment):
         )
         parser.add_argument(
             "--angles",
-            type=_angles,
-            default=[0.0, 15.0, 30.0, 45.0, 60.0, 75.0, 90.0],
-            help="rotations of the shift curve in degrees (default 0,15,...,90)",
+            type=types.float_list(-360.0, 360.0),
+            default=None,
+            help="rotations of the shift curve, comma-separated degrees in [-360, 360] "
+            "(default 0,15,...,90; --quick: 0,45,90)",
         )
         parser.add_argument(
             "--shift-size",
             type=types.positive_int,
-            default=2000,
-            help="test images per rotation angle (default 2000)",
+            default=None,
+            help="test images per rotation angle (default 2000; --quick: 128)",
         )
         parser.add_argument("--data-dir", default=None, help="ngvi data folder (default: $NGVI_DATA)")
         parser.add_argument("--cifar-dir", default=None, help="the cifar-10-batches-py folder (CIFAR-10)")
@@ -172,21 +179,20 @@ class Classify(Experiment):
             "--vectorize", action="store_true", help="draw the test-time samples in batched (vmap) passes"
         )
         parser.add_argument(
-            "--quick", action="store_true", help="a smoke run: 512 images, 1 epoch, 4 samples"
+            "--quick",
+            action="store_true",
+            help="a smoke run: 512 images, 1 epoch, 4 samples (options given explicitly win)",
         )
         parser.add_argument("--seed", type=types.non_negative_int, default=0)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
+        sizes = types.with_quick(args, DEFAULTS, QUICK)  # an explicit option wins over --quick
         config = {
             "dataset": args.dataset, "model": args.model, "batch_norm": args.batch_norm,
-            "augment": args.augment, "epochs": args.epochs, "batch_size": args.batch_size,
-            "train_size": args.train_size, "test_size": args.test_size, "test_samples": args.test_samples,
-            "ood": not args.no_ood and args.dataset == "mnist", "ood_size": args.ood_size,
-            "angles": args.angles, "shift_size": args.shift_size, "vectorize": args.vectorize,
+            "augment": args.augment, **sizes,
+            "ood": not args.no_ood and args.dataset == "mnist", "vectorize": args.vectorize,
             "seed": args.seed, "prior_prec": PRIOR_PREC,
         }  # fmt: skip
-        if args.quick:
-            config.update(QUICK)
         return config
 
     def prepare(self, args: argparse.Namespace, run: Run) -> None:

@@ -147,7 +147,8 @@ class VariationalTrainer(Trainer):
         eval_samples: S > 0: ``evaluate()`` and ``predict()`` use the Bayesian model average, logits =
             log (1/S) Σₛ softmax(f(x; θₛ)), and the loss is its NLL (:meth:`bma_loss`); 0: the mean weights.
         causal_lm: the labels are the inputs, shifted inside the model (a causal LM): :meth:`bma_loss` shifts
-            them too. None: guessed from the model's class name ("...ForCausalLM").
+            them too. None: a causal LM of transformers' auto mapping, or a class named "...ForCausalLM"
+            (PEFT's wrapper: its base model's).
         *args, **kwargs: as for ``Trainer``; the optimizer comes from ``optimizers=(ngvi.X(...), None)`` or
             ``optimizer_cls_and_kwargs=(ngvi.X, {...})`` (one group of the trainable parameters).
     """
@@ -157,7 +158,7 @@ class VariationalTrainer(Trainer):
             raise ValueError(f"eval_samples must be an int >= 0, got {eval_samples!r}")
         super().__init__(*args, **kwargs)
         self.eval_samples = eval_samples
-        self.causal_lm = "CausalLM" in type(self.model).__name__ if causal_lm is None else causal_lm
+        self.causal_lm = is_causal_lm(self.model) if causal_lm is None else causal_lm
         self.ngvi_callback = NGVICallback()
         self.add_callback(self.ngvi_callback)
 
@@ -215,6 +216,15 @@ class VariationalTrainer(Trainer):
         if self.causal_lm and log_probs.dim() == 3:
             log_probs, labels = log_probs[:, :-1], labels[:, 1:]
         return F.nll_loss(log_probs.flatten(0, -2), labels.flatten().long(), ignore_index=IGNORE_INDEX)
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """True for a model whose labels are its inputs, shifted inside (a causal LM, also under PEFT)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = {type(m).__name__ for m in (model, base)}
+    return any("CausalLM" in n or n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in names)
 
 
 def next_token_labels(input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:

@@ -1,4 +1,4 @@
-"""LoRA fine-tuning with IVON under the Hugging Face Trainer, and its token-level predictive against AdamW-LoRA.
+"""LoRA fine-tuning with IVON under the Hugging Face Trainer; its token-level predictive against AdamW-LoRA.
 
 1. A small character-level GPT-2, built from a config (nothing is downloaded), is pre-trained briefly with
    AdamW on the first part of a text: /work/shared/data/text/kjv.txt (the King James Bible) when present,
@@ -30,11 +30,11 @@ from ngvi.integrations.hf import VariationalTrainer, next_token_labels
 
 KJV = Path("/work/shared/data/text/kjv.txt")
 BUILTIN = (
-    "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
-    "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
-    "said, Let there be light: and there was light. And God saw the light, that it was good: and God divided "
-    "the light from the darkness. And God called the light Day, and the darkness he called Night. And the "
-    "evening and the morning were the first day. "
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+    "and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. "
+    "And God said, Let there be light: and there was light. And God saw the light, that it was good: "
+    "and God divided the light from the darkness. And God called the light Day, and the darkness he "
+    "called Night. And the evening and the morning were the first day. "
 ) * 40
 
 
@@ -88,9 +88,8 @@ def main() -> None:
     n = len(seqs)
     pre, tune, test = seqs[: n // 2], seqs[n // 2 : n // 2 + n // 4], seqs[n // 2 + n // 4 :][:256]
 
-    config = GPT2Config(
-        n_layer=2, n_embd=width, n_head=4, vocab_size=len(chars), n_positions=seq, bos_token_id=0, eos_token_id=0
-    )
+    config = GPT2Config(n_layer=2, n_embd=width, n_head=4, vocab_size=len(chars), n_positions=seq)
+    config.bos_token_id = config.eos_token_id = 0  # inside this vocabulary
     base = GPT2LMHeadModel(config)
     out = tempfile.mkdtemp()
     Trainer(model=base, args=arguments(out, pre_steps, batch, 3e-3), train_dataset=Sequences(pre)).train()
@@ -116,12 +115,15 @@ def main() -> None:
     Trainer(
         model=adamw_model, args=arguments(out, tune_steps, batch, 3e-3), train_dataset=Sequences(tune)
     ).train()
-    adamw = ngvi.evaluate_classifier(adamw_model, ngvi.baselines.MAP(adamw_model.parameters(), tokens), x, y, samples=1)
+    point = ngvi.baselines.MAP(adamw_model.parameters(), tokens)  # AdamW's weights, evaluated as they are
+    adamw = ngvi.evaluate_classifier(adamw_model, point, x, y, samples=1)
 
     print(f"text: {len(text)} characters, vocabulary {len(chars)}; fine-tuning data_size = {tokens} tokens")
-    print(f"sigma after fine-tuning: median {float(trainer.posterior().variance[0].sqrt().median()):.4f}")
+    sigma = torch.cat([v.flatten() for v in trainer.posterior().variance]).sqrt()
+    print(f"sigma after fine-tuning: median {float(sigma.median()):.4f}")
     print(f"{'':18s} {'NLL/token':>10s} {'ECE':>8s} {'accuracy':>9s}")
-    for name, m in [("IVON-LoRA (BMA)", ivon.bma), ("IVON-LoRA (mean)", ivon.mean), ("AdamW-LoRA", adamw.mean)]:
+    rows = [("IVON-LoRA (BMA)", ivon.bma), ("IVON-LoRA (mean)", ivon.mean), ("AdamW-LoRA", adamw.mean)]
+    for name, m in rows:
         print(f"{name:18s} {m['nll']:10.4f} {m['ece']:8.4f} {m['accuracy']:9.4f}")
     print(f"({time.time() - t0:.1f} s)")
 

@@ -33,6 +33,7 @@ from .optim import (
     Vadam,
     VariationalOptimizer,
     Vprop,
+    unwrap,
 )
 from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian, symmetric_kl
 from .posterior_blktri import BlockTridiagonalGaussian
@@ -74,4 +75,5 @@ __all__ = [
     "pruned",
     "pruning",
     "symmetric_kl",
+    "unwrap",
 ]

@@ -11,10 +11,17 @@ predictive probabilities themselves (for entropies and out-of-distribution score
 processed in batches of ``batch_size`` points; the samples of one batch come from :func:`ngvi.predict`
 (``vectorize=True`` evaluates them in batched passes). Works with every ngvi optimizer and baseline; for a
 point estimate (``ngvi.baselines.MAP``) the two columns coincide.
+
+**Token-level outputs** (a language model's [N, T, V] logits): ``x`` may be a Mapping batch (``model(**x)``,
+see :func:`ngvi.predict`), ``y`` is then [N, T], the label of each output position (for a causal LM the
+next token: :func:`ngvi.integrations.hf.next_token_labels`), and every metric is per token over the
+positions that count: ``y != -100`` (Hugging Face's ignore index) and, for a Mapping ``x``, its
+``attention_mask`` ≠ 0 (padding). ``probs_bma``/``probs_mean`` then hold those tokens' rows, [M, V].
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +29,10 @@ import torch
 from torch import Tensor, nn
 
 from . import metrics
-from .predict import predict
+from .predict import OutputSelector, batch_size_of, predict, take
+
+#: labels of the token positions that do not count (Hugging Face's ignore index)
+IGNORE_INDEX = -100
 
 __all__ = ["ClassifierEvaluation", "classification_metrics", "evaluate_classifier", "predictive_probs"]
 
@@ -63,33 +73,34 @@ def predictive_probs(
     batch_size: int = 1000,
     vectorize: bool = False,
     generator: torch.Generator | None = None,
+    output: OutputSelector = None,
 ) -> tuple[Tensor, Tensor]:
-    """(BMA probabilities over ``samples`` draws, probabilities at the mean weights), each [N, C] float64."""
+    """(BMA probabilities over ``samples`` draws, probabilities at the mean weights), each [N, C] float64
+    ([N, T, V] for token-level outputs; ``x`` may be a Mapping batch, ``output`` picks the logits)."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive int, got {samples!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[0] == 0:
-        shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"x must be a tensor of at least one test point, shaped [N, ...], got {shape}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"x holds {int((~torch.isfinite(x)).sum())} NaN or Inf values")
+    n = _check_inputs(x)
     if getattr(opt, "deterministic", False) is True:
         samples = 1  # every draw is the same network
     bma, at_mean, bad_points, bad_logits = [], [], 0, 0
-    for start in range(0, x.shape[0], batch_size):
-        xb = x[start : start + batch_size]
-        logits = predict(model, opt, xb, samples, vectorize=vectorize, generator=generator)
-        if logits.dim() != 3:
-            raise ValueError(f"a classifier's outputs must be [N, C] logits, got {tuple(logits.shape[1:])}")
-        mean_logits = predict(model, opt, xb, 0)
-        bad = ~torch.isfinite(torch.cat([logits, mean_logits]))  # [S + 1, B, C]
-        bad_points += int(bad.any(-1).any(0).sum())
+    for start in range(0, n, batch_size):
+        xb = take(x, slice(start, start + batch_size))
+        logits = predict(model, opt, xb, samples, vectorize=vectorize, generator=generator, output=output)
+        if logits.dim() not in (3, 4):
+            raise ValueError(
+                "a classifier's outputs must be [N, C] logits (or token-level [N, T, V]), got "
+                f"{tuple(logits.shape[1:])}"
+            )
+        mean_logits = predict(model, opt, xb, 0, output=output)
+        bad = ~torch.isfinite(torch.cat([logits, mean_logits]))  # [S + 1, B, (T,) C]
+        bad_points += int(bad.flatten(2).any(-1).any(0).sum())
         bad_logits += int(bad.sum())
-        bma.append(metrics.predictive_probs(logits))
+        bma.append(torch.softmax(logits.double(), -1).mean(0))
         at_mean.append(torch.softmax(mean_logits[0].double(), -1))
     if bad_points:
-        n, c = x.shape[0], bma[0].shape[-1]
+        c = bma[0][0].numel()
         raise ValueError(
             f"the model's outputs are NaN or Inf for {bad_points} of {n} test points ({bad_logits} of "
             f"{n * c * (samples + 1)} logits over {samples} posterior sample(s) and the mean weights): the "
@@ -99,10 +110,44 @@ def predictive_probs(
     return torch.cat(bma), torch.cat(at_mean)
 
 
+def _check_inputs(x: Any) -> int:
+    """The number of test points of ``x`` (a tensor or a Mapping batch), after checking it is usable."""
+    if isinstance(x, Mapping):
+        tensors = [v for v in x.values() if isinstance(v, Tensor)]
+        n = batch_size_of(x) if tensors else 0
+    else:
+        tensors = [x]
+        n = x.shape[0] if isinstance(x, Tensor) and x.dim() > 0 else 0
+    if n == 0:
+        shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must be a tensor of at least one test point, shaped [N, ...], got {shape}")
+    bad = sum(int((~torch.isfinite(t)).sum()) for t in tensors if t.is_floating_point())
+    if bad:
+        raise ValueError(f"x holds {bad} NaN or Inf values")
+    return n
+
+
+def token_rows(probs: Tensor, y: Tensor, x: Any = None) -> tuple[Tensor, Tensor]:
+    """Token-level probabilities [N, T, V] and labels [N, T] → the rows that count, ([M, V], [M]): labels
+    ≠ −100 and, for a Mapping ``x`` with an ``attention_mask``, not padding."""
+    if y.shape != probs.shape[:2]:
+        raise ValueError(
+            f"token-level outputs {list(probs.shape)} need labels shaped [N, T] = {list(probs.shape[:2])}, "
+            f"got {list(y.shape)}"
+        )
+    keep = y != IGNORE_INDEX
+    mask = x.get("attention_mask") if isinstance(x, Mapping) else None
+    if mask is not None:
+        keep &= mask.to(keep.device).bool()
+    if not bool(keep.any()):
+        raise ValueError("no token counts: every label is -100 or padding")
+    return probs[keep], y[keep]
+
+
 def evaluate_classifier(
     model: nn.Module,
     opt: Any,
-    x: Tensor,
+    x: Tensor | Mapping[str, Any],
     y: Tensor,
     samples: int = 32,
     *,
@@ -110,13 +155,18 @@ def evaluate_classifier(
     batch_size: int = 1000,
     vectorize: bool = False,
     generator: torch.Generator | None = None,
+    output: OutputSelector = None,
 ) -> ClassifierEvaluation:
-    """Metrics of the BMA over ``samples`` posterior draws and of the mean weights (see the module doc)."""
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"x has {x.shape[0]} points but y has {y.shape[0]} labels")
+    """Metrics of the BMA over ``samples`` posterior draws and of the mean weights (see the module doc);
+    per token for token-level outputs."""
+    n = _check_inputs(x)
+    if n != y.shape[0]:
+        raise ValueError(f"x has {n} points but y has {y.shape[0]} labels")
     probs_bma, probs_mean = predictive_probs(
-        model, opt, x, samples, batch_size=batch_size, vectorize=vectorize, generator=generator
+        model, opt, x, samples, batch_size=batch_size, vectorize=vectorize, generator=generator, output=output
     )
+    if probs_bma.dim() == 3:
+        (probs_bma, _), (probs_mean, y) = token_rows(probs_bma, y, x), token_rows(probs_mean, y, x)
     return ClassifierEvaluation(
         bma=classification_metrics(probs_bma, y, n_bins),
         mean=classification_metrics(probs_mean, y, n_bins),

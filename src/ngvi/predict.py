@@ -17,15 +17,71 @@ the samples differ from the loop's but have the same distribution. Whether it is
 device and the batch: on one CPU thread the loop is faster for test batches of hundreds of points (the
 Python cost of a pass is small beside the work, and a vmapped convolution becomes a grouped one); the
 vectorised form wins there only for MC dropout on a handful of points (``docs/results/vision/sampling.md``).
+
+Hugging Face models: ``x`` may be a Mapping (a tokenised batch), called as ``model(**x)``; an output that is
+not a tensor (a ``ModelOutput``) gives its ``.logits``, or what ``output=`` selects (a key or attribute
+name, or a callable of the output). ``opt`` may be wrapped (``trainer.optimizer``): :func:`ngvi.unwrap`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
+
+from .optim.protocol import unwrap
+
+#: what ``output=`` takes: None (the tensor itself, or ``.logits``), a key or attribute name, or a callable
+OutputSelector = str | Callable[[Any], Tensor] | None
+
+
+def select_output(out: Any, output: OutputSelector = None) -> Tensor:
+    """The tensor of a model's output that the predictive uses (see the module docstring)."""
+    if callable(output):
+        picked = output(out)
+    elif isinstance(output, str):
+        picked = out[output] if isinstance(out, Mapping) and output in out else getattr(out, output, None)
+        if picked is None:
+            raise ValueError(f"the model's output ({type(out).__name__}) has no {output!r}")
+    elif output is not None:
+        raise TypeError(f"output must be None, a key or attribute name, or a callable, got {output!r}")
+    elif isinstance(out, Tensor):
+        return out
+    else:
+        picked = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+        if picked is None:
+            raise TypeError(
+                f"the model returned a {type(out).__name__}, not a tensor, and it has no logits: pass "
+                "output= (a key or attribute name of it, or a callable that picks the tensor)"
+            )
+    if not isinstance(picked, Tensor):
+        raise TypeError(f"output= selected a {type(picked).__name__}, not a tensor")
+    return picked
+
+
+def forward(model: nn.Module, x: Any, output: OutputSelector = None) -> Tensor:
+    """``model(x)``, or ``model(**x)`` for a Mapping batch, reduced to one tensor by ``output``."""
+    return select_output(model(**x) if isinstance(x, Mapping) else model(x), output)
+
+
+def batch_size_of(x: Any) -> int:
+    """The number of points of a tensor batch or of a Mapping of [N, ...] tensors (a tokenised batch)."""
+    if isinstance(x, Mapping):
+        sizes = {v.shape[0] for v in x.values() if isinstance(v, Tensor) and v.dim() > 0}
+        if len(sizes) != 1:
+            raise ValueError(f"a Mapping batch needs tensors of one leading size [N, ...], got sizes {sizes}")
+        return sizes.pop()
+    return x.shape[0]
+
+
+def take(x: Any, rows: slice) -> Any:
+    """Rows of a tensor batch, or of every [N, ...] tensor of a Mapping batch."""
+    if isinstance(x, Mapping):
+        return {k: v[rows] if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in x.items()}
+    return x[rows]
 
 
 class _eval_mode:
@@ -47,18 +103,20 @@ class _eval_mode:
 def predict(
     model: nn.Module,
     opt: Any,
-    x: Tensor,
+    x: Tensor | Mapping[str, Any],
     samples: int = 32,
     *,
     linearized: bool = False,
     vectorize: bool = False,
     chunk: int | None = None,
     generator: torch.Generator | None = None,
+    output: OutputSelector = None,
 ) -> Tensor:
     """Outputs of ``model(x)`` under ``samples`` posterior draws: [samples, ...], or [1, ...] for 0.
 
     ``vectorize=True``: all samples in batched passes (see the module docstring), ``chunk`` samples at a
-    time (default: all); ``generator`` seeds those draws."""
+    time (default: all); ``generator`` seeds those draws. ``x`` a Mapping: ``model(**x)``; ``output``
+    picks the tensor of a non-tensor output (default: ``.logits``)."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
         raise ValueError(f"samples must be an int >= 0, got {samples!r}")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
@@ -69,19 +127,16 @@ def predict(
         )
     with _eval_mode(model):
         if samples == 0:
-            return model(x).unsqueeze(0)
+            return forward(model, x, output).unsqueeze(0)
+        opt = unwrap(opt)
         if linearized:
-            return _linearized(model, opt, x, samples)
+            return _linearized(model, opt, x, samples, output)
         if vectorize:
-            return _vectorized(model, opt, x, samples, chunk or samples, generator)
-        if not hasattr(opt, "sampled_params"):
-            raise TypeError(
-                f"{type(opt).__name__} has no sampled_params(); pass an ngvi optimizer or baseline"
-            )
+            return _vectorized(model, opt, x, samples, chunk or samples, generator, output)
         outs = []
         for _ in range(samples):
             with opt.sampled_params(train=False):
-                outs.append(model(x))
+                outs.append(forward(model, x, output))
         return torch.stack(outs)
 
 
@@ -96,16 +151,33 @@ def _param_keys(model: nn.Module, opt: Any) -> list[str]:
     return [names[id(p)] for p in opt_params]
 
 
+def _call(model: nn.Module, params: dict[str, Tensor], x: Any, output: OutputSelector) -> Tensor:
+    args, kwargs = ((), dict(x)) if isinstance(x, Mapping) else ((x,), None)
+    return select_output(functional_call(model, params, args, kwargs), output)
+
+
+def _repeat(x: Any, n: int) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _repeat(v, n) if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in x.items()}
+    return x.repeat(n, *[1] * (x.dim() - 1))
+
+
 def _vectorized(
-    model: nn.Module, opt: Any, x: Tensor, samples: int, chunk: int, generator: torch.Generator | None
+    model: nn.Module,
+    opt: Any,
+    x: Any,
+    samples: int,
+    chunk: int,
+    generator: torch.Generator | None,
+    output: OutputSelector,
 ) -> Tensor:
     if getattr(opt, "dropout_masks", False):  # MC dropout: S masks = the input repeated S times
         outs = []
         with opt.sampled_params(train=False):
             for start in range(0, samples, chunk):
                 n = min(chunk, samples - start)
-                out = model(x.repeat(n, *[1] * (x.dim() - 1)))
-                outs.append(out.reshape(n, x.shape[0], *out.shape[1:]))
+                out = forward(model, _repeat(x, n), output)
+                outs.append(out.reshape(n, batch_size_of(x), *out.shape[1:]))
         return torch.cat(outs)
     try:
         posterior = opt.posterior()
@@ -115,10 +187,10 @@ def _vectorized(
         if not hasattr(opt, "sampled_params"):
             raise TypeError(f"{type(opt).__name__} has neither posterior() nor sampled_params()")
         with opt.sampled_params(train=False):  # a point estimate: every sample is the same network
-            out = model(x)
+            out = forward(model, x, output)
         return out.unsqueeze(0).expand(samples, *out.shape)
     keys = _param_keys(model, opt)
-    batched = vmap(lambda theta: functional_call(model, theta, (x,)))
+    batched = vmap(lambda theta: _call(model, theta, x, output))
     outs = []
     for start in range(0, samples, chunk):
         draws = posterior.sample(min(chunk, samples - start), generator=generator)
@@ -126,7 +198,7 @@ def _vectorized(
     return torch.cat(outs)
 
 
-def _linearized(model: nn.Module, opt: Any, x: Tensor, samples: int) -> Tensor:
+def _linearized(model: nn.Module, opt: Any, x: Any, samples: int, output: OutputSelector) -> Tensor:
     if not hasattr(opt, "posterior"):
         raise TypeError("linearized=True needs an optimizer with posterior()")
     posterior = opt.posterior()
@@ -134,7 +206,7 @@ def _linearized(model: nn.Module, opt: Any, x: Tensor, samples: int) -> Tensor:
     mean = dict(zip(keys, posterior.mean, strict=True))
 
     def f(*theta: Tensor) -> Tensor:
-        return functional_call(model, dict(zip(keys, theta, strict=True)), (x,))
+        return _call(model, dict(zip(keys, theta, strict=True)), x, output)
 
     draws = posterior.sample(samples)
     outs = []

@@ -9,7 +9,7 @@ from .nng_blktri import NNGBlkTri
 from .nng_full import NNGFull
 from .noisy_adam import NoisyAdam
 from .noisy_kfac import NoisyKFAC
-from .protocol import PosteriorOptimizer
+from .protocol import PosteriorOptimizer, unwrap
 from .vadagrad import VadaGrad
 from .vadam import Vadam
 from .vogn import VOGN
@@ -34,4 +34,5 @@ __all__ = [
     "VariationalOptimizer",
     "Vprop",
     "sample_preactivations",
+    "unwrap",
 ]

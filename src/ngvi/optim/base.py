@@ -25,7 +25,7 @@ from .. import _validation as check
 from .._tensorlist import TensorList
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from ..posterior import DiagonalGaussian
-from . import _mixed_precision, _state_checks
+from . import _group_keys, _mixed_precision, _state_checks
 from . import diagnostics as _diagnostics
 from ._accumulator import SampleAccumulator
 from ._buffers import BufferGuard
@@ -196,6 +196,8 @@ class VariationalOptimizer(Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if self.takes_model and self.param_groups:
             raise ValueError(f"{type(self).__name__} {check.MODEL_GROUPS}")
+        if isinstance(param_group, dict):
+            _group_keys.warn_unknown(self, param_group)
         super().add_param_group(param_group)
         try:
             names = {id(p): n for n, p in self.model.named_parameters()} if self.takes_model else None

@@ -28,7 +28,8 @@ class IVON(VariationalOptimizer):
     """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ).
 
     Args:
-        params: parameters or groups.  data_size: N (IVON's effective sample size).  lr: α.
+        params: parameters or groups.  data_size: N (IVON's effective sample size; ``ess=`` is the same,
+            the name of the authors' ivon-opt package).  lr: α.
         betas: (β₁, β₂).  weight_decay: δ (default 1e-4); or ``prior_prec`` = λ = δN, the name every ngvi
             optimizer accepts.  hess_init: h₀.  mc_samples: samples per step.  clip_radius: the update clip.
     """
@@ -40,7 +41,7 @@ class IVON(VariationalOptimizer):
     def __init__(
         self,
         params,
-        data_size: int,
+        data_size: int | None = None,
         lr: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.99999),
         weight_decay: float | None = None,
@@ -50,8 +51,12 @@ class IVON(VariationalOptimizer):
         *,
         prior_prec: float | None = None,
         curvature: str | CurvatureEstimator = "price",
+        ess: int | None = None,
         **engine_kwargs: Any,
     ):
+        if (data_size is None) == (ess is None):
+            raise TypeError("IVON needs data_size= (N) or its alias ess=, exactly one of them")
+        data_size = data_size if ess is None else ess
         if prior_prec is not None:  # δ = λ/N
             if weight_decay is not None:
                 raise ValueError("pass weight_decay= or prior_prec= (= weight_decay * data_size), not both")

@@ -34,3 +34,20 @@ class PosteriorOptimizer(Protocol):
     def step(self, closure: Callable[[], Any] | None = None) -> Any: ...
 
     def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+
+def unwrap(opt: Any) -> Any:
+    """The ngvi optimizer (or baseline) inside framework wrappers: follows ``.optimizer`` (accelerate's
+    ``AcceleratedOptimizer``, which the Hugging Face Trainer puts in ``trainer.optimizer`` and which hides
+    ``sampled_params`` and ``posterior``) until an object with ``sampled_params`` is found. An ngvi optimizer
+    is returned as it is; anything else without one raises a TypeError."""
+    seen, inner = set(), opt
+    while not hasattr(inner, "sampled_params"):
+        if id(inner) in seen or not hasattr(inner, "optimizer"):
+            raise TypeError(
+                f"{type(opt).__name__} is not an ngvi optimizer and wraps none (no sampled_params() found "
+                "through .optimizer); pass an ngvi optimizer or baseline"
+            )
+        seen.add(id(inner))
+        inner = inner.optimizer
+    return inner

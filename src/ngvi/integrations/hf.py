@@ -1,0 +1,237 @@
+r"""ngvi under the Hugging Face Trainer (``pip install "ngvi[hf]"``): full fine-tuning or LoRA (PEFT).
+
+The Trainer calls ``optimizer.step()`` without a closure, after its own backward passes, so an ngvi optimizer
+needs its posterior sample opened around them: :class:`NGVICallback` does it for a stock ``Trainer`` (or
+``SFTTrainer``, ...), :class:`VariationalTrainer` is a ``Trainer`` with it built in, plus the Bayesian model
+average in ``evaluate()``/``predict()`` and ``posterior()``.
+
+**One sample per optimizer step.** θ ~ q is drawn at ``on_step_begin`` and held across the
+``gradient_accumulation_steps`` micro-batches, whose backward passes add their gradients at θ; the Trainer
+clips that gradient (``max_grad_norm``) while the sample is still open, so clipping applies to the sample's
+gradient; ``on_pre_optimizer_step`` restores μ and hands the gradient to the engine, and ``optimizer.step()``
+(no closure) uses it. So k micro-batches of b are one step on a batch of k·b, to float precision.
+
+**``mc_samples`` must be 1.** The Trainer runs each micro-batch once, so more samples per step cannot see the
+same data; an optimizer with ``mc_samples > 1`` is refused at ``train()`` (average over more data with more
+steps or a larger batch instead). The hook-based rules (VOGN, NoisyKFAC, NNGFull) need one backward pass per
+sample, so they are refused with ``gradient_accumulation_steps > 1``.
+
+**Weight decay** (``TrainingArguments.weight_decay``): the Trainer writes it into its parameter groups, where
+it would replace an ngvi optimizer's prior without a word. :class:`VariationalTrainer` builds one group of
+the trainable parameters instead and maps a nonzero value by rule (:func:`prior_kwargs`): IVON's
+``weight_decay`` is δ = λ/N, the prior, so it becomes that (unless the optimizer's kwargs set one too: then
+it refuses); every other rule has ``prior_prec=`` and refuses it. 0.0 (the default) changes nothing.
+:class:`NGVICallback` warns when a stock Trainer's groups overrode IVON's ``weight_decay``.
+
+**Errors.** :class:`VariationalTrainer` restores μ (and drops the sample, rolling its noise back) when
+anything in ``train()`` raises, so the trainer and the optimizer stay usable. A stock Trainer has no hook for
+that: :class:`NGVICallback` drops a sample left open by an error at the next ``on_train_begin``, and
+:meth:`NGVICallback.close` does it on demand.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import Trainer, TrainerCallback
+
+from ..optim.base import VariationalOptimizer
+from ..optim.ivon import IVON
+from ..optim.protocol import unwrap
+from ..posterior import GaussianPosterior
+
+__all__ = ["NGVICallback", "VariationalTrainer", "next_token_labels", "prior_kwargs"]
+
+IGNORE_INDEX = -100  # Hugging Face's label of positions that do not count
+
+
+def sampling_optimizer(optimizer: Any) -> Any:
+    """The ngvi optimizer inside ``optimizer`` (accelerate wraps it), with begin_sample/end_sample."""
+    opt = unwrap(optimizer)
+    if not hasattr(opt, "begin_sample"):
+        raise TypeError(
+            f"{type(opt).__name__} has no begin_sample()/end_sample(): the Hugging Face integration needs an "
+            "ngvi optimizer (optimizers=(ngvi.IVON(...), None) or optimizer_cls_and_kwargs)"
+        )
+    return opt
+
+
+def check_training(opt: Any, gradient_accumulation_steps: int) -> None:
+    """Refuse what one sample per optimizer step cannot do (see the module docstring)."""
+    name = type(opt).__name__
+    if getattr(opt, "mc_samples", 1) != 1:
+        raise ValueError(
+            f"{name}(mc_samples={opt.mc_samples}) under the Hugging Face Trainer: the Trainer runs each "
+            "micro-batch once, so one posterior sample is taken per optimizer step (held across the "
+            "gradient-accumulation micro-batches); pass mc_samples=1"
+        )
+    if getattr(opt, "takes_model", False) and gradient_accumulation_steps > 1:
+        raise ValueError(
+            f"{name} reads per-example curvature from one backward pass per sample, so it cannot accumulate "
+            f"gradients over micro-batches: set gradient_accumulation_steps=1 (got "
+            f"{gradient_accumulation_steps}) or use a parameter-based rule (IVON, Vadam)"
+        )
+
+
+class NGVICallback(TrainerCallback):
+    """Opens one posterior sample per optimizer step of a stock ``Trainer``: add it with
+    ``Trainer(..., optimizers=(ngvi.IVON(model.parameters(), N), None), callbacks=[NGVICallback()])``."""
+
+    def __init__(self) -> None:
+        self._opt: Any = None
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        opt = self._opt = sampling_optimizer(optimizer)
+        self.close()  # a sample left open by an error in an earlier train()
+        check_training(opt, args.gradient_accumulation_steps)
+        _warn_overridden_prior(opt)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._opt.begin_sample(train=True)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._opt.end_sample()  # after the Trainer's clipping: the clipped gradient is the sample's
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        """Drop a sample that an error left open (μ restored, its noise rolled back); a no-op otherwise."""
+        if self._opt is not None and self._opt.in_sample:
+            self._opt.end_sample(discard=True)
+
+
+def _warn_overridden_prior(opt: Any) -> None:
+    if not isinstance(opt, IVON):
+        return
+    default = opt.defaults["weight_decay"]
+    groups = [i for i, g in enumerate(opt.param_groups) if g["weight_decay"] != default]
+    if groups:
+        warnings.warn(
+            f"IVON's parameter groups {groups} carry weight_decay "
+            f"{sorted({opt.param_groups[i]['weight_decay'] for i in groups})} instead of the optimizer's "
+            f"own {default}: the Trainer's groups (TrainingArguments.weight_decay) replaced IVON's prior. "
+            "Use ngvi.integrations.hf.VariationalTrainer, or pass optimizers=(IVON(...), None)",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
+def prior_kwargs(optimizer_cls: type, kwargs: dict[str, Any], weight_decay: float) -> dict[str, Any]:
+    """The optimizer kwargs with ``TrainingArguments.weight_decay`` mapped by rule (module docstring)."""
+    if not weight_decay:
+        return dict(kwargs)
+    name = optimizer_cls.__name__
+    if not issubclass(optimizer_cls, IVON):
+        raise ValueError(
+            f"TrainingArguments(weight_decay={weight_decay}) has no meaning for {name}: its prior is "
+            "prior_prec= in the optimizer kwargs; set weight_decay=0.0"
+        )
+    if kwargs.get("weight_decay") is not None or kwargs.get("prior_prec") is not None:
+        raise ValueError(
+            f"TrainingArguments(weight_decay={weight_decay}) and IVON's own weight_decay/prior_prec both set "
+            "the prior: set one (TrainingArguments(weight_decay=0.0) keeps the optimizer's)"
+        )
+    return {**kwargs, "weight_decay": weight_decay}
+
+
+class VariationalTrainer(Trainer):
+    """A ``transformers.Trainer`` that trains with an ngvi optimizer (module docstring).
+
+    Args:
+        eval_samples: S > 0: ``evaluate()`` and ``predict()`` use the Bayesian model average, logits =
+            log (1/S) Σₛ softmax(f(x; θₛ)), and the loss is its NLL (:meth:`bma_loss`); 0: the mean weights.
+        causal_lm: the labels are the inputs, shifted inside the model (a causal LM): :meth:`bma_loss` shifts
+            them too. None: a causal LM of transformers' auto mapping, or a class named "...ForCausalLM"
+            (PEFT's wrapper: its base model's).
+        *args, **kwargs: as for ``Trainer``; the optimizer comes from ``optimizers=(ngvi.X(...), None)`` or
+            ``optimizer_cls_and_kwargs=(ngvi.X, {...})`` (one group of the trainable parameters).
+    """
+
+    def __init__(self, *args: Any, eval_samples: int = 0, causal_lm: bool | None = None, **kwargs: Any):
+        if isinstance(eval_samples, bool) or not isinstance(eval_samples, int) or eval_samples < 0:
+            raise ValueError(f"eval_samples must be an int >= 0, got {eval_samples!r}")
+        super().__init__(*args, **kwargs)
+        self.eval_samples = eval_samples
+        self.causal_lm = is_causal_lm(self.model) if causal_lm is None else causal_lm
+        self.ngvi_callback = NGVICallback()
+        self.add_callback(self.ngvi_callback)
+
+    @property
+    def ngvi_optimizer(self) -> Any:
+        """The ngvi optimizer (``trainer.optimizer`` is accelerate's wrapper of it during training)."""
+        if self.optimizer is None:
+            raise RuntimeError("no optimizer yet: train() creates it, or pass optimizers=(ngvi.X(...), None)")
+        return sampling_optimizer(self.optimizer)
+
+    def posterior(self) -> GaussianPosterior:
+        """The optimizer's q over the trainable parameters (LoRA: the adapters')."""
+        return self.ngvi_optimizer.posterior()
+
+    def create_optimizer(self, model: nn.Module | None = None):
+        cls, kwargs = self.optimizer_cls_and_kwargs or (None, None)
+        ngvi_cls = isinstance(cls, type) and issubclass(cls, VariationalOptimizer)
+        if self.optimizer is not None or not ngvi_cls:
+            return super().create_optimizer(model)
+        model = self.model if model is None else model
+        kwargs = prior_kwargs(cls, kwargs, self.args.weight_decay)
+        params = model if cls.takes_model else [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = cls(params, **kwargs)
+        return self.optimizer
+
+    def train(self, *args: Any, **kwargs: Any):
+        try:
+            return super().train(*args, **kwargs)
+        except BaseException:
+            self.ngvi_callback.close()  # μ back in the weights, the failed sample's noise rolled back
+            raise
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        if self.eval_samples == 0:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        opt, log_probs, labels = self.ngvi_optimizer, [], None
+        for _ in range(self.eval_samples):
+            with opt.sampled_params(train=False):
+                _, logits, labels = super().prediction_step(model, inputs, False, ignore_keys)
+            logits = logits[0] if isinstance(logits, tuple | list) else logits
+            log_probs.append(torch.log_softmax(logits.float(), -1))
+        bma = torch.logsumexp(torch.stack(log_probs), 0) - math.log(self.eval_samples)
+        loss = None if labels is None else self.bma_loss(bma, labels)
+        return (loss, None, None) if prediction_loss_only else (loss, bma, labels)
+
+    def bma_loss(self, log_probs: Tensor, labels: Tensor) -> Tensor:
+        """Mean NLL of the labels under the BMA ``log_probs`` ([B, C] or token-level [B, T, V]; labels −100
+        do not count; shifted by one position for a causal LM)."""
+        if self.causal_lm and log_probs.dim() == 3:
+            log_probs, labels = log_probs[:, :-1], labels[:, 1:]
+        return F.nll_loss(log_probs.flatten(0, -2), labels.flatten().long(), ignore_index=IGNORE_INDEX)
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """True for a model whose labels are its inputs, shifted inside (a causal LM, also under PEFT)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = {type(m).__name__ for m in (model, base)}
+    return any("CausalLM" in n or n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in names)
+
+
+def next_token_labels(input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """The labels of a causal LM's output positions, [B, T]: position t predicts token t+1; the last
+    position, and positions whose next token is padding, are −100 (for :func:`ngvi.evaluate_classifier`)."""
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[:, :-1] = input_ids[:, 1:]
+    if attention_mask is not None:
+        labels[:, :-1][attention_mask[:, 1:] == 0] = IGNORE_INDEX
+    return labels

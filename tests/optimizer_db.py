@@ -357,6 +357,7 @@ TRAINERS: list[TrainerInfo] = [
             ({"mc_samples": 2}, "is a point estimate: .*mc_samples must be 1, got 2"),
             ({"prior_prec": -1.0}, "prior_prec must be >= 0, got -1.0"),
             ({"prior_prec": 0.0, "damping": 0.0}, "KFAC needs prior_prec > 0 or damping > 0"),
+            ({"init_prec": 5.0}, "KFAC's init_prec is 'auto' .* or None .* got 5.0"),
         ),
     ),
     TrainerInfo(

@@ -137,7 +137,16 @@ def trained_blktri(widths: list[int], n: int = 50, prior_var: float = 0.5, dampi
     x = torch.randn(64, widths[0], generator=gen, dtype=torch.float64)
     y = torch.randn(64, widths[-1], generator=gen, dtype=torch.float64)
     opt = ngvi.NNGBlkTri(
-        model, n, lr=0.05, beta=0.3, prior_var=prior_var, damping=damping, inv_every=1, seed=0, **kw
+        model,
+        n,
+        lr=0.05,
+        beta=0.3,
+        momentum=0.0,
+        prior_var=prior_var,
+        damping=damping,
+        inv_every=1,
+        seed=0,
+        **kw,
     )
 
     def closure():
@@ -317,7 +326,7 @@ def test_kfac_step_is_noisy_kfacs_update_without_the_noise():
     model = nn.Linear(4, 3).double()
     x, y = torch.randn(16, 4, dtype=torch.float64), torch.randn(16, 3, dtype=torch.float64)
     n, lr, prior_prec, damping = 40, 0.3, 2.0, 0.05
-    opt = KFAC(model, n, lr=lr, prior_prec=prior_prec, damping=damping)
+    opt = KFAC(model, n, lr=lr, prior_prec=prior_prec, damping=damping, init_prec=None)  # M&G's start
     w = torch.cat([model.weight.detach(), model.bias.detach()[:, None]], 1)
     loss = F.mse_loss(model(x), y)
     g = torch.autograd.grad(loss, [model.weight, model.bias])

@@ -24,7 +24,8 @@ reading only the previous layer's output (checked in every sample; branches and 
 :func:`~ngvi.curvature.tridiagonal.lam_sqrt`'s, which is independent of the eigenbasis that degenerate factors
 leave arbitrary, so ranks and reruns draw alike.
 Schedules, the start (``init_prec``: A₀ = S₀ = I by default, none between layers; ``None``: zeros and the
-warm start) and momentum are noisy K-FAC's.
+warm start), momentum and the defaults are the family's (:mod:`ngvi.optim.kronecker`); the experiments pin
+NNG's settings (lr 10⁻³, β 10⁻³ or 0.01, their momentum) explicitly.
 """
 
 from __future__ import annotations
@@ -48,10 +49,7 @@ from ..curvature.tridiagonal import (
     xi_t,
 )
 from ..posterior_blktri import BlockTridiagonalGaussian
-from ._kfac_local import LocalPreactivations
-from ._prior import AUTO
-from .base import VariationalOptimizer
-from .noisy_kfac import NoisyKFAC
+from .kronecker import DEFAULTS, KroneckerFamily
 
 __all__ = ["NNGBlkTri"]
 
@@ -59,26 +57,27 @@ __all__ = ["NNGBlkTri"]
 _CHAIN_KEYS = ("K_S", "K_A", "e_S", "e_A", "Psi_S", "Psi_A")
 
 
-class NNGBlkTri(NoisyKFAC):
+class NNGBlkTri(KroneckerFamily):
     """Noisy K-FAC with Martens & Grosse's block-tridiagonal inverse (NNG-BlkTri) on a chain of nn.Linear
-    layers. Arguments as for :class:`~ngvi.NoisyKFAC` (without ``sampling``: the layers are drawn jointly)."""
+    layers. Arguments and defaults as for :class:`~ngvi.NoisyKFAC` (without ``sampling``: the layers are
+    drawn jointly)."""
 
     def __init__(
         self,
         model: nn.Module,
         data_size: int,
-        lr: float = 1e-3,
-        beta: float = 0.01,
-        momentum: float = 0.0,
+        lr: float = DEFAULTS["lr"],
+        beta: float = DEFAULTS["beta"],
+        momentum: float = DEFAULTS["momentum"],
         prior_var: float | None = None,
         kl_weight: float = 1.0,
-        damping: float = 1e-3,
-        stats_every: int = 1,
-        inv_every: int = 20,
+        damping: float = DEFAULTS["damping"],
+        stats_every: int = DEFAULTS["stats_every"],
+        inv_every: int = DEFAULTS["inv_every"],
         mc_samples: int = 1,
         curvature: str = "ef",
         *,
-        init_prec: float | str | None = AUTO,
+        init_prec: float | str | None = DEFAULTS["init_prec"],
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -88,23 +87,12 @@ class NNGBlkTri(NoisyKFAC):
         estimator = TridiagonalFactors(
             model, curvature, likelihood=likelihood, noise_prec=noise_prec, loss_reduction=loss_reduction
         )
-        self.sampling = "weights"
-        self.local_sampling = LocalPreactivations([], "weights")
-        defaults = dict(
-            data_size=data_size,
-            lr=lr,
-            beta=beta,
-            momentum=momentum,
-            prior_var=check.prior_var(prior_var, prior_prec),
-            kl_weight=kl_weight,
-            damping=damping,
-            stats_every=stats_every,
-            inv_every=inv_every,
-            init_prec=init_prec,
-        )
-        VariationalOptimizer.__init__(
-            self, estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
-        )
+        hyper = dict(
+            data_size=data_size, lr=lr, beta=beta, momentum=momentum,
+            prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
+            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec,
+        )  # fmt: skip
+        super().__init__(estimator, hyper, mc_samples=mc_samples, **engine_kwargs)
 
     # ----------------------------------------------------------------------------------------------------
     # State: per layer (with its weight) the factors to the next layer and two chain factorisations
@@ -213,15 +201,13 @@ class NNGBlkTri(NoisyKFAC):
     def _update(self, group, means, grads, curvs, states):
         params = self.accumulator.params(group)
         layers = self._all_layers(params)
-        lr, beta, momentum = group["lr"], group["beta"], group["momentum"]
         gamma_in = self.intrinsic_damping(group)
-        invert = self.num_steps % group["inv_every"] == 0
         current = self._layer_states(states, layers)
         new: list[dict[str, Any]] = [{} for _ in layers]
         if curvs is not None:
             for ks, st, nw in zip(layers, current, new, strict=True):
                 count = st["factor_updates"] + 1
-                weight = max(beta, 1.0 / count) if group["init_prec"] is None else beta  # warm start from 0
+                weight = self._factor_step(group, count)
                 flat, offset = curvs[ks[0]], 0
                 for key in ("factor_A", "factor_S", "factor_A_next", "factor_S_next"):
                     if key not in st:
@@ -231,7 +217,7 @@ class NNGBlkTri(NoisyKFAC):
                     nw[key] = st[key].lerp(hat, weight)  # eq. 12, for the diagonal and the cross factors
                     offset += size
                 nw["factor_updates"] = count
-        if invert:
+        if self._inverting(group):
             factors = [{**st, **nw} for st, nw in zip(current, new, strict=True)]
             for nw, chain_state in zip(new, self._chains(group, factors), strict=True):
                 nw.update(chain_state)
@@ -244,13 +230,10 @@ class NNGBlkTri(NoisyKFAC):
         ]  # V = ĝ + γ_in μ
         steps = precondition(chain, v)  # F̂_γ⁻¹ V = Ξᵀ Λ Ξ V
         for st, nw, step, ks, i in zip(current, new, steps, layers, range(len(layers)), strict=True):
-            if momentum:
-                buffer = st.get("momentum_buffer")
-                step = step if buffer is None else buffer.mul(momentum).add_(step)
-                nw["momentum_buffer"] = step
+            step = self._heavy_ball(group, step, st, nw)
             st.update(nw)
             for k, part in zip(ks, self._split(i, step[None]), strict=True):
-                means[k].add_(part, alpha=-lr)
+                means[k].add_(part, alpha=-group["lr"])
 
     # ----------------------------------------------------------------------------------------------------
     # The posterior

@@ -33,13 +33,13 @@ from ..curvature.full_fisher import PerExampleOuterProducts
 from ..curvature.kfac import damped_inverses
 from ..curvature.likelihoods import Likelihood
 from ..posterior_full import FullGaussian, flatten, unflatten
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from . import _nng_prior as nng
+from .kronecker import DEFAULTS, KroneckerFamily
 
 __all__ = ["NNGFull"]
 
 
-class NNGFull(VariationalOptimizer):
+class NNGFull(KroneckerFamily):
     """Noisy natural gradient with a dense D×D posterior covariance (NNG-full), for small networks.
 
     Args:
@@ -47,30 +47,29 @@ class NNGFull(VariationalOptimizer):
             layers, as for VOGN and NoisyKFAC).
         data_size: N.  lr: α.  beta: β, the EMA step of F̄.  momentum: heavy-ball on the natural step.
         prior_var: η (or ``prior_prec`` = 1/η).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
-        inv_every: recompute the two damped inverses every this many steps.  mc_samples: per step.
+        inv_every: recompute the two damped inverses every this many steps (NNG: every step).
+        mc_samples: per step.
         curvature: "ef" or "fisher" (with ``likelihood``, ``noise_prec``); loss_reduction as for VOGN.
         init_prec: where q starts: ``"auto"`` (default): F̄₀ = I, one unit of curvature per example (as
             noisy K-FAC's A₀ = S₀ = I, and NNG's code, whose factors start at the identity); a number c:
             F̄₀ = (λ/N)(c − 1/η)·I, q₀ with precision c; both then follow the plain EMA. ``None``: F̄₀ = 0
             and the running mean for the first 1/β updates (K-FAC's warm start), so q starts at the prior.
+            The other defaults are the family's (:mod:`ngvi.optim.kronecker`).
         max_params: refuse models with more parameters than this (D² numbers per matrix).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
     """
-
-    takes_model = True
-    curvatures = ("ef", "fisher")
 
     def __init__(
         self,
         model: nn.Module,
         data_size: int,
-        lr: float = 1e-3,
-        beta: float = 0.01,
-        momentum: float = 0.0,
+        lr: float = DEFAULTS["lr"],
+        beta: float = DEFAULTS["beta"],
+        momentum: float = DEFAULTS["momentum"],
         prior_var: float | None = None,
         kl_weight: float = 1.0,
-        damping: float = 1e-3,
-        inv_every: int = 1,
+        damping: float = DEFAULTS["damping"],
+        inv_every: int = DEFAULTS["inv_every"],
         mc_samples: int = 1,
         curvature: str = "ef",
         *,
@@ -78,7 +77,7 @@ class NNGFull(VariationalOptimizer):
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
-        init_prec: float | str | None = AUTO,
+        init_prec: float | str | None = DEFAULTS["init_prec"],
         max_params: int = 4096,
         **engine_kwargs: Any,
     ):
@@ -95,36 +94,12 @@ class NNGFull(VariationalOptimizer):
                 "(a diagonal one), or pass a larger max_params if the memory and the O(D³) inversions fit"
             )
         self.num_weights = size
-        defaults = dict(
-            data_size=data_size,
-            lr=lr,
-            beta=beta,
-            momentum=momentum,
-            prior_var=check.prior_var(prior_var, prior_prec),
-            kl_weight=kl_weight,
-            damping=damping,
-            inv_every=inv_every,
-            init_prec=init_prec,
-        )
-        super().__init__(
-            estimator.parameters, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs
-        )
-
-    def _check_group(self, group):
-        check.data_size(group["data_size"])
-        check.nonnegative("lr", group["lr"])
-        check.unit_interval("beta", group["beta"], closed_low=False, closed_high=True)
-        check.unit_interval("momentum", group["momentum"])
-        check.positive("prior_var", group["prior_var"])
-        check.positive("kl_weight", group["kl_weight"])
-        check.nonnegative("damping", group["damping"])
-        check.positive_int("inv_every", group["inv_every"])
-        check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
-
-    @staticmethod
-    def intrinsic_damping(group: dict[str, Any]) -> float:
-        """γ_in = λ/(Nη)."""
-        return group["kl_weight"] / (group["data_size"] * group["prior_var"])
+        hyper = dict(
+            data_size=data_size, lr=lr, beta=beta, momentum=momentum,
+            prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
+            inv_every=inv_every, init_prec=init_prec,
+        )  # fmt: skip
+        super().__init__(estimator, hyper, mc_samples=mc_samples, **engine_kwargs)
 
     def _carrier(self, group: dict[str, Any]) -> Tensor:
         return self.trainable(group)[0]  # the dense state lives with the first parameter
@@ -133,13 +108,7 @@ class NNGFull(VariationalOptimizer):
         if p is not self._carrier(group):
             return
         state["fisher"] = p.new_zeros(self.num_weights, self.num_weights)
-        init = group["init_prec"]
-        if init == AUTO:
-            state["fisher"].diagonal().fill_(1.0)
-        elif init is not None:  # Λ₀ = (N/λ)F̄₀ + 1/η = init_prec
-            state["fisher"].diagonal().fill_(
-                group["kl_weight"] / group["data_size"] * (init - 1.0 / group["prior_var"])
-            )
+        state["fisher"].diagonal().fill_(nng.initial_curvature(group))  # Λ₀ = (N/λ)(F̄₀ + γ_in) = init_prec
         state["fisher_updates"] = 0
         state.update(self._inverses(group, state["fisher"]))
 
@@ -183,18 +152,13 @@ class NNGFull(VariationalOptimizer):
         fisher = st["fisher"]
         if curvs is not None:
             count = st["fisher_updates"] + 1
-            weight = group["beta"] if group["init_prec"] is not None else max(group["beta"], 1.0 / count)
-            fisher = fisher.lerp(curvs[0].view_as(fisher), weight)  # (9)
+            fisher = fisher.lerp(curvs[0].view_as(fisher), self._factor_step(group, count))  # (9)
             new.update(fisher=fisher, fisher_updates=count)
-        if self.num_steps % group["inv_every"] == 0:
+        if self._inverting(group):
             new.update(self._inverses(group, fisher))
         inverse = new.get("inverse", st["inverse"])
         v = flatten(list(grads)).add_(flatten(list(means)), alpha=self.intrinsic_damping(group))
-        step = inverse @ v  # (10): (F̄ + γI)⁻¹ (ĝ + γ_in μ)
-        if group["momentum"]:
-            buffer = st.get("momentum_buffer")
-            step = step if buffer is None else buffer.mul(group["momentum"]).add_(step)
-            new["momentum_buffer"] = step
+        step = self._heavy_ball(group, inverse @ v, st, new)  # (10): (F̄ + γI)⁻¹ (ĝ + γ_in μ)
         st.update(new)
         for mean, part in zip(means, unflatten(step, [m.shape for m in means]), strict=True):
             mean.add_(part, alpha=-group["lr"])

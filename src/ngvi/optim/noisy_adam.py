@@ -29,6 +29,7 @@ import torch
 
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
+from . import _nng_prior as nng
 from . import functional as F
 from ._prior import AUTO
 from .base import VariationalOptimizer
@@ -80,25 +81,17 @@ class NoisyAdam(VariationalOptimizer):
         check.data_size(group["data_size"])
         check.nonnegative("lr", group["lr"])
         check.betas("betas", group["betas"])
-        check.positive("prior_var", group["prior_var"])
-        check.positive("kl_weight", group["kl_weight"])
-        check.nonnegative("damping", group["damping"])
-        check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
+        nng.check_prior(group)
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
         """γ_in = λ/(Nη)."""
-        return group["kl_weight"] / (group["data_size"] * group["prior_var"])
+        return nng.intrinsic_damping(group)
 
-    @classmethod
-    def initial_fisher(cls, group: dict[str, Any]) -> float:
+    @staticmethod
+    def initial_fisher(group: dict[str, Any]) -> float:
         """f₀: 1 for ``init_prec="auto"``, 0 for ``None``, else λ·init_prec/N − γ_in (precision init_prec)."""
-        init = group["init_prec"]
-        if init is None:
-            return 0.0
-        if init == AUTO:
-            return 1.0
-        return max(group["kl_weight"] * init / group["data_size"] - cls.intrinsic_damping(group), 0.0)
+        return nng.initial_curvature(group)
 
     def _init_state(self, group, p, state):
         state["exp_avg"] = torch.zeros_like(p)

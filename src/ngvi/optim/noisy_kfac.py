@@ -57,18 +57,14 @@ from torch import Tensor, nn
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.hooks import CurvatureHooks
 from ..curvature.kfac import damped_inverses, pi_split
 from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
-from ..posterior import KroneckerBlock, KroneckerGaussian, join_block, split_block
-from . import functional as F
-from ._kfac_local import SAMPLINGS, LocalPreactivations
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from ..posterior import KroneckerBlock, KroneckerGaussian
+from .kronecker import DEFAULTS, KroneckerFamily
 
 
-class NoisyKFAC(VariationalOptimizer):
+class NoisyKFAC(KroneckerFamily):
     """Noisy K-FAC (NNG-MVG) on a model's nn.Linear / nn.Conv2d (and LayerNorm / GroupNorm) layers.
 
     Args:
@@ -85,27 +81,27 @@ class NoisyKFAC(VariationalOptimizer):
             sample draws the nn.Linear layers (see :mod:`ngvi.optim._kfac_local`).
         likelihood, noise_prec, loss_reduction, chunk_bytes: as for :class:`~ngvi.optim.vogn.VOGN`.
         **engine_kwargs: ``seed``, ``skip_nonfinite``.
-    """
 
-    takes_model = True
-    curvatures = ("ef", "fisher")  # the K-FAC factors from the closure's or sampled targets
+    The defaults are the family's (:mod:`ngvi.optim.kronecker`); Alg. 2 as written is ``lr=1e-3, beta=0.01,
+    momentum=0, init_prec=None, sampling="weights"`` (what the golden trajectories and the UCI table use).
+    """
 
     def __init__(
         self,
         model: nn.Module,
         data_size: int,
-        lr: float = 0.1,
-        beta: float = 1e-3,
-        momentum: float = 0.5,
+        lr: float = DEFAULTS["lr"],
+        beta: float = DEFAULTS["beta"],
+        momentum: float = DEFAULTS["momentum"],
         prior_var: float | None = None,
         kl_weight: float = 1.0,
-        damping: float = 1e-3,
-        stats_every: int = 1,
-        inv_every: int = 20,
+        damping: float = DEFAULTS["damping"],
+        stats_every: int = DEFAULTS["stats_every"],
+        inv_every: int = DEFAULTS["inv_every"],
         mc_samples: int = 1,
         curvature: str = "ef",
         *,
-        init_prec: float | str | None = AUTO,
+        init_prec: float | str | None = DEFAULTS["init_prec"],
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -114,7 +110,6 @@ class NoisyKFAC(VariationalOptimizer):
         sampling: str = "auto",
         **engine_kwargs: Any,
     ):
-        self.sampling = check.choice("sampling", sampling, SAMPLINGS)
         estimator = KroneckerFactors(
             model,
             curvature,
@@ -123,122 +118,16 @@ class NoisyKFAC(VariationalOptimizer):
             loss_reduction=loss_reduction,
             chunk_bytes=chunk_bytes,
         )
-        defaults = dict(
-            data_size=data_size,
-            lr=lr,
-            beta=beta,
-            momentum=momentum,
-            prior_var=check.prior_var(prior_var, prior_prec),
-            kl_weight=kl_weight,
-            damping=damping,
-            stats_every=stats_every,
-            inv_every=inv_every,
-            init_prec=init_prec,
-        )
-        self.local_sampling = LocalPreactivations(
-            [] if sampling == "weights" else _local_layers(estimator), sampling
-        )
-        super().__init__(
-            estimator.parameters,
-            defaults,
-            mc_samples=mc_samples,
-            curvature=estimator,
-            plugins=(self.local_sampling,),
-            **engine_kwargs,
-        )
-        self.local_sampling.bind(self)
-
-    @property
-    def _hooks(self) -> CurvatureHooks:
-        return self.curvature_estimator.hooks
-
-    @property
-    def _layer_of(self) -> dict[Tensor, int]:
-        return self.curvature_estimator.layer_of
-
-    def _check_group(self, group):
-        check.data_size(group["data_size"])
-        check.nonnegative("lr", group["lr"])
-        check.unit_interval("beta", group["beta"], closed_low=False, closed_high=True)
-        check.unit_interval("momentum", group["momentum"])
-        check.positive("prior_var", group["prior_var"])
-        check.positive("kl_weight", group["kl_weight"])
-        check.nonnegative("damping", group["damping"])
-        check.positive_int("stats_every", group["stats_every"])
-        check.positive_int("inv_every", group["inv_every"])
-        check.init_prec(group["init_prec"], 1.0 / group["prior_var"])
-
-    @staticmethod
-    def intrinsic_damping(group: dict[str, Any]) -> float:
-        """γ_in = λ/(Nη)."""
-        return group["kl_weight"] / (group["data_size"] * group["prior_var"])
-
-    @classmethod
-    def initial_factor_scale(cls, group: dict[str, Any]) -> float:
-        """a of A₀ = S₀ = aI: 1 for ``init_prec="auto"``, 0 for ``None``, else √(λc/N − γ_in)."""
-        init = group["init_prec"]
-        if init is None:
-            return 0.0
-        if init == AUTO:
-            return 1.0
-        return math.sqrt(
-            max(group["kl_weight"] * init / group["data_size"] - cls.intrinsic_damping(group), 0.0)
-        )
+        hyper = dict(
+            data_size=data_size, lr=lr, beta=beta, momentum=momentum,
+            prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
+            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec,
+        )  # fmt: skip
+        super().__init__(estimator, hyper, mc_samples=mc_samples, sampling=sampling, **engine_kwargs)
 
     # ----------------------------------------------------------------------------------------------------
-    # Layer layout: a layer's parameters as one [G, o, d'] block (weight columns, then the bias column)
+    # The rule: the family's K-FAC step (:mod:`.kronecker`); here the sampling roots and the noise
     # ----------------------------------------------------------------------------------------------------
-    def _block_dims(self, index: int) -> tuple[int, int, int]:
-        layer = self._hooks.layers[index]
-        groups, rows, cols = layer.kind.weight_block(layer.module)
-        return groups, rows, (cols if layer.weight is not None else 0) + (layer.bias is not None)
-
-    def _join(self, index: int, tensors: list[Tensor]) -> Tensor:
-        groups, rows, _ = self._block_dims(index)
-        return join_block(tensors, groups, rows)
-
-    def _split(self, index: int, block: Tensor) -> list[Tensor]:
-        groups, rows, _ = self._block_dims(index)
-        return split_block(block, [p.shape for p in self._hooks.layers[index].params], groups, rows)
-
-    def _positions(self, params: list[Tensor]) -> list[tuple[int, list[int]]]:
-        """(layer, indices of its parameters in ``params``) for the layers present in ``params``."""
-        where = {p: k for k, p in enumerate(params)}
-        out = []
-        for i, layer in enumerate(self._hooks.layers):
-            ks = [where.get(p) for p in layer.params]
-            if all(k is None for k in ks):
-                continue
-            if any(k is None for k in ks):
-                raise RuntimeError(
-                    f"NoisyKFAC updates the weight and bias of layer {layer.name!r} together, but only "
-                    "some of them have a gradient or require grad"
-                )
-            out.append((i, ks))
-        return out
-
-    # ----------------------------------------------------------------------------------------------------
-    # The rule
-    # ----------------------------------------------------------------------------------------------------
-    def _init_state(self, group, p, state):
-        i = self._layer_of[p]
-        if p is not self._hooks.layers[i].params[0]:
-            return  # a layer's state lives with its first parameter
-        groups, rows, cols = self._block_dims(i)
-        scale = self.initial_factor_scale(group)
-        state["factor_A"] = (
-            torch.eye(cols, dtype=p.dtype, device=p.device).mul_(scale).expand(groups, -1, -1).clone()
-        )
-        state["factor_S"] = (
-            torch.eye(rows, dtype=p.dtype, device=p.device).mul_(scale).expand(groups, -1, -1).clone()
-        )
-        state["factor_updates"] = 0
-        state.update(self._inverses(group, state["factor_A"], state["factor_S"]))
-
-    def _optional_state_shapes(self, p: Tensor) -> dict[str, tuple[int, ...]]:
-        """The heavy-ball buffer of a layer is one [G, rows, cols] block, kept with its first parameter."""
-        return {"momentum_buffer": self._block_dims(self._layer_of[p])}
-
     def _inverses(self, group: dict[str, Any], a: Tensor, s: Tensor) -> dict[str, Tensor]:
         """Sampling roots (damping γ_in) and update inverses (damping γ) of both factors, eq. (13)."""
         gamma_in = self.intrinsic_damping(group)
@@ -247,9 +136,6 @@ class NoisyKFAC(VariationalOptimizer):
         a_root, a_inv = damped_inverses(a, pi * root_in, pi * root)
         s_root, s_inv = damped_inverses(s, root_in / pi, root / pi)
         return {"A_root": a_root, "A_inv": a_inv, "S_root": s_root, "S_inv": s_inv}
-
-    def unsampled(self, p: Tensor, train: bool) -> bool:  # point estimates, and the locally sampled layers
-        return super().unsampled(p, train) or (train and p in self.local_sampling.params)
 
     def _perturb(self, group, params, noise, states):
         """W ← M + √(λ/N) B_S E B_Aᵀ for the layers in ``params`` (found by their states: the layers the
@@ -277,43 +163,6 @@ class NoisyKFAC(VariationalOptimizer):
                 out[k] = part.reciprocal()
         return TensorList(out)
 
-    def _update(self, group, means, grads, curvs, states):
-        params = self.accumulator.params(group)  # the engine's order of means/grads
-        lr, beta, momentum = group["lr"], group["beta"], group["momentum"]
-        gamma_in = self.intrinsic_damping(group)
-        invert = self.num_steps % group["inv_every"] == 0
-        pending = []  # computed for every layer first, committed after: an error leaves the state as it was
-        for i, ks in self._positions(params):
-            st = states[ks[0]]
-            new: dict[str, Any] = {}
-            a, s = st["factor_A"], st["factor_S"]
-            if curvs is not None:
-                count = st["factor_updates"] + 1
-                weight = max(beta, 1.0 / count) if group["init_prec"] is None else beta  # warm start from 0
-                flat = curvs[ks[0]]
-                a_hat, s_hat = flat[: a.numel()].view_as(a), flat[a.numel() :].view_as(s)
-                a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, weight)  # (12)
-                new.update(factor_A=a, factor_S=s, factor_updates=count)
-            if invert:
-                new.update(self._inverses(group, a, s))  # (13)
-            a_inv, s_inv = new.get("A_inv", st["A_inv"]), new.get("S_inv", st["S_inv"])
-            step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹, plus heavy-ball momentum
-                self._join(i, [grads[k] for k in ks]),
-                self._join(i, [means[k] for k in ks]),
-                a_inv,
-                s_inv,
-                gamma_in=gamma_in,
-                momentum=momentum,
-                buffer=st.get("momentum_buffer"),
-            )
-            if momentum:
-                new["momentum_buffer"] = step
-            pending.append((i, ks, st, new, step))
-        for i, ks, st, new, step in pending:
-            st.update(new)
-            for k, part in zip(ks, self._split(i, step), strict=True):
-                means[k].add_(part, alpha=-lr)
-
     # ----------------------------------------------------------------------------------------------------
     # The posterior
     # ----------------------------------------------------------------------------------------------------
@@ -335,12 +184,3 @@ class NoisyKFAC(VariationalOptimizer):
             col_cov = (a_root @ a_root.mT).mul_(scale)
             blocks.append(KroneckerBlock(tuple(ks), row_cov, col_cov))
         return KroneckerGaussian([self.mean_of(p) for p in params], blocks, point=point)
-
-
-def _local_layers(estimator: KroneckerFactors) -> list[tuple[str, nn.Linear, Tensor]]:
-    """The Linear layers with a trained weight, each with the parameter that carries its state."""
-    return [
-        (layer.name, layer.module, layer.weight)
-        for layer in estimator.hooks.layers
-        if isinstance(layer.module, nn.Linear) and layer.weight is not None
-    ]

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
@@ -55,6 +56,24 @@ def decayed_start_shift(group: dict[str, Any], states: list[dict[str, Any]]) -> 
         return group["prior_prec"]
     n = group["data_size"]
     return [group["prior_prec"] + n * s0 * st["start_weight"] for st in states]
+
+
+def init_second_moment(group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
+    """``exp_avg_sq``: s started at s₀ (``step_moment="paper"``), or v from 0 with the start's weight."""
+    if group["step_moment"] == "paper":
+        state["exp_avg_sq"] = initial_curvature(group, p)  # s, started at s₀
+    else:
+        state["exp_avg_sq"] = torch.zeros_like(p)  # v: the start lives in the precision's shift
+        state["start_weight"] = start_weight()
+
+
+def second_moment_precision(group: dict[str, Any], states: list[dict[str, Any]]) -> tuple:
+    """The precision core N·s + λ (with the decayed start's shift) of Vadam and Vprop."""
+    return (
+        F.scaled_precision,
+        ([st["exp_avg_sq"] for st in states],),
+        dict(scale=float(group["data_size"]), shift=decayed_start_shift(group, states)),
+    )
 
 
 def decay_start_(states: list[dict[str, Any]], decay: float) -> None:
@@ -113,18 +132,10 @@ class Vadam(VariationalOptimizer):
 
     def _init_state(self, group, p, state):
         state["exp_avg"] = torch.zeros_like(p)
-        if group["step_moment"] == "paper":
-            state["exp_avg_sq"] = initial_curvature(group, p)  # s, started at s₀
-        else:
-            state["exp_avg_sq"] = torch.zeros_like(p)  # v: the start lives in the precision's shift
-            state["start_weight"] = start_weight()
+        init_second_moment(group, p, state)
 
     def _precision_core(self, group, states):
-        return (
-            F.scaled_precision,
-            ([st["exp_avg_sq"] for st in states],),
-            dict(scale=float(group["data_size"]), shift=decayed_start_shift(group, states)),
-        )
+        return second_moment_precision(group, states)
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]

@@ -31,14 +31,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from ._prior import AUTO
-from .base import VariationalOptimizer, initial_curvature
-from .vadam import STEP_MOMENTS, decay_start_, decayed_start_shift, start_weight
+from .base import VariationalOptimizer
+from .vadam import STEP_MOMENTS, decay_start_, init_second_moment, second_moment_precision
 
 
 class Vprop(VariationalOptimizer):
@@ -92,18 +90,10 @@ class Vprop(VariationalOptimizer):
         check.choice("step_moment", group["step_moment"], STEP_MOMENTS)
 
     def _init_state(self, group, p, state):
-        if group["step_moment"] == "paper":
-            state["exp_avg_sq"] = initial_curvature(group, p)  # s, started at s₀
-        else:
-            state["exp_avg_sq"] = torch.zeros_like(p)  # v: the start lives in the precision's shift
-            state["start_weight"] = start_weight()
+        init_second_moment(group, p, state)
 
     def _precision_core(self, group, states):
-        return (
-            F.scaled_precision,
-            ([st["exp_avg_sq"] for st in states],),
-            dict(scale=float(group["data_size"]), shift=decayed_start_shift(group, states)),
-        )
+        return second_moment_precision(group, states)
 
     def _update(self, group, means, grads, curvs, states):
         debiased = group["step_moment"] == "debiased"

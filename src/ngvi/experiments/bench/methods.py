@@ -115,7 +115,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "badam": {"seed": 0},
     "vogn": {"momentum": 0.0, "seed": 0},
     "noisy_kfac": {"inv_every": 20, "momentum": 0.0, "seed": 0},
-    "kfac": {"inv_every": 20, "momentum": 0.0, "seed": 0},
+    "kfac": {"lr": 1e-3, "beta": 0.01, "inv_every": 20, "momentum": 0.0, "init_prec": None, "seed": 0},
     "bbvi": {"lr": 1e-3, "seed": 0},
 }
 #: the K-FAC family: timed as the mean over whole inversion cycles (their amortised step)

@@ -35,7 +35,9 @@ from ..core.methods import Method
 
 PRIOR_PREC = 1.0  # η = 1
 TRAIN_SAMPLES = 10
-KFAC_STYLE = {"lr": 1e-3, "momentum": 0.9, "beta": 1e-3, "damping": 0.0, "inv_every": 10}
+#: NNG's K-FAC settings for the Kronecker family, every step-shaping keyword explicit (the family's defaults
+#: may change; these runs must not)
+KFAC_STYLE = {"lr": 1e-3, "momentum": 0.9, "beta": 1e-3, "damping": 0.0, "inv_every": 10, "init_prec": "auto"}
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "kfac": {  # noisy K-FAC's settings without the noise; its prior as weight decay
         "lr": 1e-3, "beta": 0.01, "momentum": 0.9, "damping": 1e-3, "inv_every": 20, "prior_prec": 100.0,
         "curvature": "fisher", "likelihood": "categorical",
+        "init_prec": None,  # as recorded: M&G's factors from 0 (the family's default start came after)
     },
     "ivon": {"lr": 0.1, "hess_init": 0.1},
     "bbvi": {"lr": 1e-2, "init_prec": 1e4},

@@ -33,8 +33,8 @@ from ..curvature.kfac import damped_inverse, pi_split
 from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
 from ..optim._kfac_local import LocalPreactivations
-from ..optim.base import VariationalOptimizer
 from ..optim.diagnostics import Diagnostics
+from ..optim.engine.optimizer import VariationalOptimizer
 from ..optim.noisy_kfac import NoisyKFAC
 
 __all__ = ["KFAC"]

@@ -49,8 +49,8 @@ from ..curvature.tridiagonal import (
 )
 from ..posterior_blktri import BlockTridiagonalGaussian
 from ._kfac_local import LocalPreactivations
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO
 from .noisy_kfac import NoisyKFAC
 
 __all__ = ["NNGBlkTri"]

@@ -33,8 +33,8 @@ from ..curvature.full_fisher import PerExampleOuterProducts
 from ..curvature.kfac import damped_inverses
 from ..curvature.likelihoods import Likelihood
 from ..posterior_full import FullGaussian, flatten, unflatten
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO
 
 __all__ = ["NNGFull"]
 

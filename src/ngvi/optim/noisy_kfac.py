@@ -64,8 +64,8 @@ from ..curvature.likelihoods import Likelihood
 from ..posterior import KroneckerBlock, KroneckerGaussian, join_block, split_block
 from . import functional as F
 from ._kfac_local import SAMPLINGS, LocalPreactivations
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO
 
 
 class NoisyKFAC(VariationalOptimizer):

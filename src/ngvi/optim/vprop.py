@@ -36,8 +36,8 @@ import torch
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
-from ._prior import AUTO
-from .base import VariationalOptimizer, initial_curvature
+from .engine.optimizer import VariationalOptimizer, initial_curvature
+from .engine.prior import AUTO
 from .vadam import STEP_MOMENTS, decay_start_, decayed_start_shift, start_weight
 
 

@@ -3,7 +3,7 @@ r"""The weight-perturbation engine shared by every ngvi optimizer (docs/ARCHITEC
 A rule says, in the notation of docs/NOTATION.md, its state at t=0 (``_init_state``), the posterior
 precision (``_precision``) and its update from the MC means of ĝ and ĥ (``_update``), and is given a curvature
 estimator for ĥ (:mod:`ngvi.curvature`). The engine does the rest once, with its parts: the
-:class:`~._noise.NoiseSource`, the :class:`~._accumulator.SampleAccumulator`, the draw (:mod:`._perturbation`)
+:class:`~.noise.NoiseSource`, the :class:`~.accumulator.SampleAccumulator`, the draw (:mod:`.perturbation`)
 and sample-scope plugins (objects whose ``scope(train=...)`` is entered inside every sample: curvature hooks,
 BBVI's local reparameterisation). It restores μ also when the closure raises, skips parameters without a
 gradient, refuses non-finite gradients without touching any state, and resumes bit-identically.
@@ -21,18 +21,18 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .. import _validation as check
-from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureEstimator, estimator_for
-from ..posterior import DiagonalGaussian
-from . import _mixed_precision, _state_checks
-from . import diagnostics as _diagnostics
-from ._accumulator import SampleAccumulator
-from ._buffers import BufferGuard
-from ._closure import closure_loss, run_backward
-from ._noise import NOISES, NoiseCheckpoint, NoiseSource
-from ._perturbation import draw, slices
-from ._prior import initial_curvature
+from ... import _validation as check
+from ..._tensorlist import TensorList
+from ...curvature.estimators import CurvatureEstimator, estimator_for
+from ...posterior import DiagonalGaussian
+from .. import diagnostics as _diagnostics
+from . import mixed_precision, state_checks
+from .accumulator import SampleAccumulator
+from .buffers import BufferGuard
+from .closure import closure_loss, run_backward
+from .noise import NOISES, NoiseCheckpoint, NoiseSource
+from .perturbation import draw, slices
+from .prior import initial_curvature
 
 __all__ = ["NOISES", "NonFiniteGradientError", "VariationalOptimizer", "initial_curvature"]
 
@@ -66,7 +66,7 @@ class VariationalOptimizer(Optimizer):
         noise_dtype: dtype of ε (``torch.float32`` for float64 parameters draws ~4× faster on CPU).
         rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
         compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).
-        fp32_state: float32 state and master μ for bfloat16/float16 parameters (:mod:`._mixed_precision`).
+        fp32_state: float32 state and master μ for bfloat16/float16 parameters (:mod:`.mixed_precision`).
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction
@@ -75,9 +75,9 @@ class VariationalOptimizer(Optimizer):
     #: only where declared by the classes that define both methods (see ``__init_subclass__``).
     elementwise: bool = False
     _elementwise: bool = False
-    #: the rule keeps the default ``_perturb``, so the fused path (:mod:`._perturbation`) may run it
+    #: the rule keeps the default ``_perturb``, so the fused path (:mod:`.perturbation`) may run it
     diagonal_perturb: bool = True
-    local_params: frozenset[Tensor] = frozenset()  #: sampled per example (:mod:`._diag_local`)
+    local_params: frozenset[Tensor] = frozenset()  #: sampled per example (:mod:`ngvi.optim._diag_local`)
     #: the curvature estimators the rule accepts through ``curvature=`` (:mod:`ngvi.curvature.estimators`)
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
@@ -183,7 +183,7 @@ class VariationalOptimizer(Optimizer):
 
     def unsampled(self, p: Tensor, train: bool) -> bool:
         """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick, the layers of
-        :func:`~._diag_local.sample_preactivations` in training; or a point estimate)."""
+        :func:`~ngvi.optim._diag_local.sample_preactivations` in training; or a point estimate)."""
         return self.point_estimate(p) or (train and p in self.local_params)
 
     def point_estimate(self, p: Tensor) -> bool:
@@ -211,7 +211,7 @@ class VariationalOptimizer(Optimizer):
         """p's state, created at first use."""
         state = self.state[p]
         if not state:
-            _mixed_precision.init_state(self, group, p, state)
+            mixed_precision.init_state(self, group, p, state)
             state["step"] = 0
         return state
 
@@ -224,17 +224,17 @@ class VariationalOptimizer(Optimizer):
 
     def mean_of(self, p: Tensor) -> Tensor:
         """μ of a parameter, also while it holds a sample (a bfloat16 parameter's float32 master)."""
-        return _mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
+        return mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
 
     def state_dict(self) -> dict[str, Any]:
         out = super().state_dict()
         out["state"] = {k: v for k, v in out["state"].items() if v}  # a look-up may leave an empty entry
-        return {**out, "ngvi": _state_checks.engine_state(self)}
+        return {**out, "ngvi": state_checks.engine_state(self)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that
         names what differs, and the optimizer is left as it was."""
-        _state_checks.load(self, state_dict, super().load_state_dict)
+        state_checks.load(self, state_dict, super().load_state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._in_sample:
@@ -355,7 +355,7 @@ class VariationalOptimizer(Optimizer):
 
     @torch.no_grad()
     def _restore(self) -> None:
-        for p, mean in self._means.items():  # μ never left its tensors: rebind (see _perturbation)
+        for p, mean in self._means.items():  # μ never left its tensors: rebind (see perturbation)
             p.data = mean
         self._means.clear()  # θ's tensors are freed: the update's temporaries can use the memory
 
@@ -447,11 +447,11 @@ class VariationalOptimizer(Optimizer):
                 for state in states:
                     state["step"] += 1
                 for part in slices(s.params, self._elementwise and not self.compile):
-                    means = TensorList(_mixed_precision.mean(self, p) for p in s.params[part])
+                    means = TensorList(mixed_precision.mean(self, p) for p in s.params[part])
                     grads = TensorList(t.detach() for t in s.grads.tensors[part])
                     curvs = None if s.curvs is None else TensorList(s.curvs.tensors[part])
                     self._update(s.group, means, grads, curvs, states[part])
-                    _mixed_precision.write_back(self, s.params[part])
+                    mixed_precision.write_back(self, s.params[part])
         acc.clear()
         self._buffer_guard.commit()
         self._rng_checkpoint = None
@@ -461,7 +461,7 @@ class VariationalOptimizer(Optimizer):
 
     # -- the posterior -------------------------------------------------------------------------------------
     def diagnostics(self) -> _diagnostics.Diagnostics:
-        """Is the variance being learned? Moved precisions, σ and SNR quantiles, ... (:mod:`.diagnostics`)."""
+        """Is the variance being learned? Moved precisions, σ and SNR quantiles (ngvi.optim.diagnostics)."""
         return _diagnostics.report(self)
 
     @torch.no_grad()

@@ -47,7 +47,7 @@ from ..curvature.tridiagonal import (
     precondition,
     xi_t,
 )
-from ..posterior_blktri import BlockTridiagonalGaussian
+from ..posterior import BlockTridiagonalGaussian
 from ._kfac_local import LocalPreactivations
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO

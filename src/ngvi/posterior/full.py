@@ -1,6 +1,6 @@
 r"""A Gaussian with a dense covariance over all parameters (NNG-full, Zhang et al. 2018 §3.1).
 
-:class:`FullGaussian` has the interface of :class:`~ngvi.posterior.DiagonalGaussian`: ``mean`` and
+:class:`FullGaussian` has the interface of :class:`~ngvi.DiagonalGaussian`: ``mean`` and
 ``variance`` (the marginal variances Σⱼⱼ) are lists shaped like the parameters, in parameter order;
 ``sample(n)``, ``log_prob``, ``kl``, ``entropy`` and ``snr``. On top it has ``covariance`` and
 ``precision``: dense [k, k] matrices over the flattened parameters (each parameter flattened row-major, the
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
+from .base import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
 
 __all__ = ["DENSE_LIMIT", "FullGaussian", "dense_covariance", "flatten", "unflatten"]
 
@@ -47,7 +47,7 @@ def _check_size(k: int, what: str) -> None:
     if k > DENSE_LIMIT:
         raise ValueError(
             f"{what} needs a dense {k}×{k} covariance ({k * k * 8 / 2**30:.1f} GiB in float64), more than "
-            f"ngvi.posterior_full.DENSE_LIMIT = {DENSE_LIMIT} weights allow; use a structured posterior's "
+            f"ngvi.posterior.full.DENSE_LIMIT = {DENSE_LIMIT} weights allow; use a structured posterior's "
             "own methods (sample, log_prob, kl against the prior) instead"
         )
 

@@ -30,8 +30,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .curvature.tridiagonal import ChainLayer, lam_sqrt, precondition, xi_t, xi_t_solve
-from .posterior import DiagonalGaussian, GaussianPosterior
+from ..curvature.tridiagonal import ChainLayer, lam_sqrt, precondition, xi_t, xi_t_solve
+from .base import DiagonalGaussian, GaussianPosterior
+from .full import _check_size, as_full, flatten
 
 __all__ = ["BlockTridiagonalGaussian"]
 
@@ -111,8 +112,6 @@ class BlockTridiagonalGaussian(GaussianPosterior):
     def dense_covariance(self) -> Tensor:
         """Σ as a dense [k, k] float64 matrix over the flattened parameters (small models): Σ applied to
         every basis vector by the block formulas."""
-        from .posterior_full import _check_size, flatten
-
         k = self.numel()
         _check_size(k, "BlockTridiagonalGaussian")
         sizes, shapes = [m.numel() for m in self.mean], [m.shape for m in self.mean]
@@ -180,8 +179,6 @@ class BlockTridiagonalGaussian(GaussianPosterior):
         if [m.shape for m in self.mean] != [m.shape for m in other.mean]:
             raise ValueError("the two posteriors cover parameters of different shapes")
         if not isinstance(other, DiagonalGaussian):
-            from .posterior_full import as_full
-
             return as_full(self).kl(other)
         total = torch.zeros((), dtype=torch.float64)
         for v1, m1, v2, m2 in zip(self._variance64, self.mean, other.variance, other.mean, strict=True):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import pruning
+from .. import pruning
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

@@ -10,17 +10,11 @@ This package imports only torch, :mod:`ngvi.pruning` and :mod:`ngvi.curvature.tr
 optimizer: the optimizers build posteriors, not the other way round.
 """
 
-from .base import (
-    DiagonalGaussian,
-    GaussianPosterior,
-    KroneckerBlock,
-    KroneckerGaussian,
-    join_block,
-    split_block,
-    symmetric_kl,
-)
+from .base import GaussianPosterior, symmetric_kl
 from .blktri import BlockTridiagonalGaussian
+from .diagonal import DiagonalGaussian
 from .full import DENSE_LIMIT, FullGaussian, as_full, dense_covariance, flatten, unflatten
+from .kronecker import KroneckerBlock, KroneckerGaussian, join_block, split_block
 
 __all__ = [
     "DENSE_LIMIT",

@@ -31,12 +31,11 @@ import torch
 from torch import Tensor
 
 from ..curvature.tridiagonal import ChainLayer, lam_sqrt, precondition, xi_t, xi_t_solve
-from .base import DiagonalGaussian, GaussianPosterior
+from .base import LOG_2PI, GaussianPosterior
+from .diagonal import DiagonalGaussian
 from .full import _check_size, as_full, flatten
 
 __all__ = ["BlockTridiagonalGaussian"]
-
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 class BlockTridiagonalGaussian(GaussianPosterior):
@@ -166,11 +165,11 @@ class BlockTridiagonalGaussian(GaussianPosterior):
         n = self._leading_dim(sample)
         lead = () if n is None else (n,)
         diff = self._blocks([s.double() - m.double() for s, m in zip(sample, self.mean, strict=True)], lead)
-        return -0.5 * (self._mahalanobis(diff) + self._logdet() + self.numel() * _LOG_2PI)
+        return -0.5 * (self._mahalanobis(diff) + self._logdet() + self.numel() * LOG_2PI)
 
     def entropy(self) -> Tensor:
         """H[q] = ½[k(1 + log 2π) + log|Σ|]."""
-        return 0.5 * (self.numel() * (1.0 + _LOG_2PI) + self._logdet())
+        return 0.5 * (self.numel() * (1.0 + LOG_2PI) + self._logdet())
 
     def kl(self, other: GaussianPosterior) -> Tensor:
         r"""KL(self ‖ other) = ½[tr(Σ₂⁻¹Σ₁) + (μ₂−μ₁)ᵀΣ₂⁻¹(μ₂−μ₁) − k + log|Σ₂| − log|Σ₁|]: in closed form

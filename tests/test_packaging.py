@@ -347,6 +347,27 @@ def test_layers_import_one_way(importer, banned, allowed):
     assert not problems, "\n".join(sorted(problems))
 
 
+def test_the_old_import_paths_still_work_without_a_warning():
+    """Users' imports from before the engine and posterior packages: same objects, no deprecation noise."""
+    probe = f"""
+import sys, warnings
+sys.path.insert(0, {str(SRC)!r})
+warnings.simplefilter("error")
+import ngvi
+from ngvi.optim.base import NonFiniteGradientError, VariationalOptimizer, initial_curvature
+from ngvi.posterior import DiagonalGaussian, GaussianPosterior, KroneckerBlock, KroneckerGaussian
+from ngvi.posterior import symmetric_kl
+from ngvi.posterior import BlockTridiagonalGaussian, FullGaussian, dense_covariance
+assert VariationalOptimizer is ngvi.VariationalOptimizer
+assert NonFiniteGradientError is ngvi.NonFiniteGradientError
+assert (DiagonalGaussian, KroneckerGaussian, FullGaussian, BlockTridiagonalGaussian, GaussianPosterior) == (
+    ngvi.DiagonalGaussian, ngvi.KroneckerGaussian, ngvi.FullGaussian, ngvi.BlockTridiagonalGaussian,
+    ngvi.GaussianPosterior)
+"""
+    result = _run(sys.executable, "-c", probe, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+
+
 def test_cli_names_the_extra_when_a_command_imports_it_at_run_time(monkeypatch, capsys):
     import ngvi.experiments as experiments
 

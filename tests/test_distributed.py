@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import ngvi
+from ngvi._tensorlist import TensorList
 
 KINDS = ("vadam", "ivon", "local", "vogn", "noisy_kfac", "nng_blktri")
 B = 8  # per-rank batch
@@ -41,7 +42,7 @@ class LocalSquares(ngvi.curvature.estimators.CurvatureEstimator):
         self.per_example_sq: dict = {}
 
     def estimate(self, sample):
-        return ngvi.optim.base.TensorList(self.per_example_sq[p].clone() for p in sample.params)
+        return TensorList(self.per_example_sq[p].clone() for p in sample.params)
 
 
 def make_model() -> nn.Module:

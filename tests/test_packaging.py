@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import itertools
 import subprocess
 import sys
 import tomllib
@@ -183,6 +184,14 @@ assert not loaded, loaded
     assert result.returncode == 0, result.stderr
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from X import ...`` in ``package`` names as X, relative imports resolved."""
+    if not node.level:
+        return node.module
+    parts = package.split(".")
+    return ".".join([*parts[: len(parts) - node.level + 1], node.module or ""]).rstrip(".")
+
+
 def _imports(tree: ast.AST, package: str, module_level_only: bool) -> list[tuple[int, str]]:
     """(line, module) for every module an import statement in ``tree`` may load; optionally outside functions.
 
@@ -195,16 +204,55 @@ def _imports(tree: ast.AST, package: str, module_level_only: bool) -> list[tuple
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            parts = package.split(".")
-            base = ".".join(
-                [*parts[: len(parts) - node.level + 1], node.module or ""] if node.level else [node.module]
-            )
-            base = base.rstrip(".")
+            base = _from_base(node, package)
             found += [(node.lineno, base)] + [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
         if module_level_only and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             continue
         todo.extend(ast.iter_child_nodes(node))
     return found
+
+
+def _ngvi_modules() -> dict[str, Path]:
+    """Every module of ngvi by its dotted name (a package by its own name, for its ``__init__``)."""
+    modules = {}
+    for path in (SRC / "ngvi").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _import_graph() -> dict[str, dict[str, int]]:
+    """module -> {ngvi module it imports: the line}, from every import statement (in functions and under
+    ``if TYPE_CHECKING:`` too: a circle hidden in a function is still a circle).
+
+    Each statement points at the most specific module it names: ``from a import b`` at ``a.b`` where that is
+    a module, else at ``a`` (b is a name in a). The parent packages that Python loads on the way (``a`` for
+    ``a.b``) are not edges: every module would otherwise import ``ngvi/__init__``, which imports them all.
+    """
+    modules = _ngvi_modules()
+
+    def module_of(dotted: str) -> str:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted
+
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_base(node, package)
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in map(module_of, targets):
+                if target and target != name:
+                    edges.setdefault(target, node.lineno)
+        graph[name] = edges
+    return graph
 
 
 def test_library_imports_point_one_way():
@@ -223,6 +271,101 @@ def test_library_imports_point_one_way():
             if module.partition(".")[0] in {*EXTRA, "rich"}:
                 problems.append(f"{where}:{line} imports {module} at import time")
     assert not problems, "\n".join(sorted(set(problems)))
+
+
+def _find_cycle(graph: dict[str, dict[str, int]]) -> list[str]:
+    """One import circle [a, b, ..., a] of ``graph``, or [] (depth-first search, in sorted order)."""
+    done: set[str] = set()
+    path: list[str] = []
+    on_path: set[str] = set()
+
+    def visit(node: str) -> list[str]:
+        path.append(node)
+        on_path.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt in on_path:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in done and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        on_path.discard(node)
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        if start not in done and (cycle := visit(start)):
+            return cycle
+    return []
+
+
+def test_find_cycle_finds_a_circle_and_only_a_circle():
+    assert _find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {}}) == []
+    assert _find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {"b": 1}}) == ["b", "c", "b"]
+
+
+def test_ngvi_modules_import_one_another_without_circles():
+    """No import circle among ngvi's modules, counting imports inside functions too (see _import_graph)."""
+    graph = _import_graph()
+    assert {"ngvi.optim.engine.optimizer", "ngvi.posterior.base", "ngvi.pruning"} <= set(graph)
+    cycle = _find_cycle(graph)
+    steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in itertools.pairwise(cycle)]
+    assert not cycle, "import circle:\n" + "\n".join(steps)
+
+
+# (importer prefix, imported prefixes it must not use, except these)
+LAYERS = [
+    # the engine never imports an update rule: only its own parts, the functional cores and the diagnostics
+    (
+        "ngvi.optim.engine",
+        ["ngvi.optim"],
+        ["ngvi.optim.engine", "ngvi.optim.functional", "ngvi.optim.diagnostics"],
+    ),
+    # posteriors are built by optimizers and experiments, never the other way round
+    ("ngvi.posterior", ["ngvi.optim", "ngvi.baselines", "ngvi.experiments", "ngvi.predict"], []),
+    # pruning ranks scores; the posterior calls it (GaussianPosterior.prune_masks), not the reverse
+    ("ngvi.pruning", ["ngvi.posterior", "ngvi.optim"], []),
+    # the functional cores are pure: nothing of the engine or the rules
+    ("ngvi.optim.functional", ["ngvi.optim"], ["ngvi.optim.functional"]),
+]
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize(("importer", "banned", "allowed"), LAYERS, ids=[layer[0] for layer in LAYERS])
+def test_layers_import_one_way(importer, banned, allowed):
+    graph = _import_graph()
+    modules = [m for m in graph if _under(m, importer)]
+    assert modules, f"no module under {importer}"
+    problems = [
+        f"{m} (line {line}) imports {target}"
+        for m in modules
+        for target, line in graph[m].items()
+        if any(_under(target, b) for b in banned) and not any(_under(target, a) for a in allowed)
+    ]
+    assert not problems, "\n".join(sorted(problems))
+
+
+def test_the_old_import_paths_still_work_without_a_warning():
+    """Users' imports from before the engine and posterior packages: same objects, no deprecation noise."""
+    probe = f"""
+import sys, warnings
+sys.path.insert(0, {str(SRC)!r})
+warnings.simplefilter("error")
+import ngvi
+from ngvi.optim.base import NonFiniteGradientError, VariationalOptimizer, initial_curvature
+from ngvi.posterior import DiagonalGaussian, GaussianPosterior, KroneckerBlock, KroneckerGaussian
+from ngvi.posterior import symmetric_kl
+from ngvi.posterior import BlockTridiagonalGaussian, FullGaussian, dense_covariance
+assert VariationalOptimizer is ngvi.VariationalOptimizer
+assert NonFiniteGradientError is ngvi.NonFiniteGradientError
+assert (DiagonalGaussian, KroneckerGaussian, FullGaussian, BlockTridiagonalGaussian, GaussianPosterior) == (
+    ngvi.DiagonalGaussian, ngvi.KroneckerGaussian, ngvi.FullGaussian, ngvi.BlockTridiagonalGaussian,
+    ngvi.GaussianPosterior)
+"""
+    result = _run(sys.executable, "-c", probe, cwd=REPO)
+    assert result.returncode == 0, result.stderr
 
 
 def test_cli_names_the_extra_when_a_command_imports_it_at_run_time(monkeypatch, capsys):

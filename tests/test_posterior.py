@@ -217,3 +217,39 @@ def test_invalid_blocks_are_rejected():
         post.log_prob([torch.zeros(3, 2), torch.zeros(2)])
     with pytest.raises(ValueError, match="n must be"):
         post.sample(0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# one protocol, four families (ngvi/posterior/)
+# ------------------------------------------------------------------------------------------------------------
+FAMILIES = [ngvi.DiagonalGaussian, ngvi.KroneckerGaussian, ngvi.FullGaussian, ngvi.BlockTridiagonalGaussian]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda c: c.__name__)
+def test_every_family_implements_the_protocol(family):
+    assert issubclass(family, ngvi.GaussianPosterior)
+    for name in ("sample", "log_prob", "entropy", "kl"):
+        assert getattr(family, name) is not getattr(ngvi.GaussianPosterior, name), f"{family.__name__}.{name}"
+    for name in ("std", "snr", "prune_masks", "numel"):  # shared, from mean and variance
+        assert getattr(family, name) is getattr(ngvi.GaussianPosterior, name)
+
+
+def test_the_old_import_paths_still_name_the_same_classes():
+    import ngvi.posterior as package
+
+    assert ngvi.posterior is package
+    for name in ("DiagonalGaussian", "KroneckerGaussian", "FullGaussian", "BlockTridiagonalGaussian"):
+        assert getattr(package, name) is getattr(ngvi, name)
+    assert package.join_block is package.kronecker.join_block
+    assert package.dense_covariance is package.full.dense_covariance
+
+
+def test_a_posterior_without_the_protocol_says_which_method_is_missing():
+    class Partial(ngvi.GaussianPosterior):
+        def __init__(self):
+            self.mean, self.variance = [torch.zeros(2)], [torch.ones(2)]
+
+    q = Partial()
+    torch.testing.assert_close(q.snr()[0], torch.zeros(2))  # what follows from mean and variance works
+    with pytest.raises(NotImplementedError, match="Partial does not implement kl"):
+        q.kl(q)

@@ -35,9 +35,14 @@ from .optim import (
     Vprop,
     unwrap,
 )
-from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian, symmetric_kl
-from .posterior_blktri import BlockTridiagonalGaussian
-from .posterior_full import FullGaussian
+from .posterior import (
+    BlockTridiagonalGaussian,
+    DiagonalGaussian,
+    FullGaussian,
+    GaussianPosterior,
+    KroneckerGaussian,
+    symmetric_kl,
+)
 from .predict import predict
 from .pruning import apply_masks, prune_masks, pruned
 

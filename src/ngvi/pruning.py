@@ -25,13 +25,10 @@ import contextlib
 import functools
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from .posterior import GaussianPosterior
 
 __all__ = ["CRITERIA", "SCOPES", "apply_masks", "prune_masks", "prune_scores", "pruned"]
 
@@ -41,7 +38,18 @@ CRITERIA: tuple[str, ...] = ("snr", "magnitude")
 SCOPES: tuple[str, ...] = ("global", "per_tensor")
 
 
-def prune_scores(posterior: GaussianPosterior, criterion: Criterion = "snr") -> list[Tensor]:
+class Scored(Protocol):
+    """What :func:`prune_scores` reads of a posterior; every :class:`ngvi.GaussianPosterior` has it.
+
+    A protocol, so that this module need not import :mod:`ngvi.posterior` (which imports it)."""
+
+    @property
+    def mean(self) -> Sequence[Tensor]: ...
+
+    def snr(self) -> list[Tensor]: ...
+
+
+def prune_scores(posterior: Scored, criterion: Criterion = "snr") -> list[Tensor]:
     """Per-weight scores of ``posterior`` (lowest are pruned first): ``"snr"`` |μ|/σ, ``"magnitude"`` |μ|."""
     if criterion == "snr":
         return posterior.snr()

@@ -260,7 +260,7 @@ def test_diverged_fits_are_left_out_and_listed():
 
 def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, data_dir):
     from ngvi.experiments.uci import experiment
-    from ngvi.optim.base import NonFiniteGradientError
+    from ngvi.optim import NonFiniteGradientError
 
     def diverge(*args, **kwargs):
         raise NonFiniteGradientError("non-finite gradient")

@@ -141,3 +141,24 @@ def test_cifar_models_on_synthetic_tensors():
     convs = [m for m in resnet.modules() if isinstance(m, torch.nn.Conv2d)]
     assert len(convs) == 19 and resnet(x).shape == (2, 10)  # 19 convolutions + 1 Linear = 20 layers
     assert sum(p.numel() for p in resnet.parameters()) == pytest.approx(0.27e6, rel=0.01)
+
+
+def test_report_reads_the_bins_from_the_results_not_from_the_experiment(tmp_path):
+    """The report module takes everything from the run's results (it imports nothing of the experiment):
+    a run binned into 10 reliability bins and 6 entropy bins is reported as such."""
+    from ngvi.experiments.vision import report
+
+    metrics = {"accuracy": 0.5, "nll": 0.7, "ece": 0.1, "brier": 0.6, "ood_auroc": 0.8}
+    rel = {"accuracy": [0.5] * 10, "confidence": [0.55] * 10, "count": [1] * 10}
+    run = {
+        "bma": metrics, "mean": metrics, "train_seconds": 1.0,
+        "reliability": {"bma": rel, "mean": rel}, "entropy_hist": {"in_bma": [1] * 6, "ood_bma": [2] * 6},
+    }  # fmt: skip
+    config = {
+        "ood": True, "train_size": 100, "dataset": "mnist", "model": "cnn", "batch_norm": False, "epochs": 1,
+        "batch_size": 32, "seed": 0, "test_samples": 4,
+    }  # fmt: skip
+    assert "ECE with 10 equal-width bins" in report.table({"ivon": run}, config)
+    report.reliability_figure({"ivon": run}, tmp_path / "reliability.png")
+    report.entropy_figure({"ivon": run}, tmp_path / "entropy.png")
+    assert (tmp_path / "entropy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -13,7 +13,7 @@ from torch import nn
 
 import ngvi
 from conftest import make_mlp, regression_batch
-from ngvi.optim._accumulator import SampleAccumulator
+from ngvi.optim.engine.accumulator import SampleAccumulator
 from optimizer_db import BY_NAME, assert_same, params_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")

@@ -8,7 +8,7 @@ from torch import nn
 
 import ngvi
 from ngvi._tensorlist import TensorList
-from ngvi.optim._perturbation import slices
+from ngvi.optim.engine.perturbation import slices
 from optimizer_db import BY_NAME, trainers
 
 

@@ -1,5 +1,5 @@
 """bfloat16 parameters learn their posterior variance (issue 15): the state and a master copy of μ are
-float32 (``fp32_state=True``, :mod:`ngvi.optim._mixed_precision`).
+float32 (``fp32_state=True``, :mod:`ngvi.optim.engine.mixed_precision`).
 
 Every optimizer of :data:`test_defaults.DEFAULTS` (and BBVI) trains the issue's toy for 100 steps from the
 same seeds three ways: float32 parameters; bfloat16 parameters (inputs in bfloat16, the loss in float32);

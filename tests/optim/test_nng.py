@@ -16,7 +16,7 @@ import ngvi
 from conftest import fit_full_batch_regression
 from ngvi.baselines import KFAC
 from ngvi.curvature import tridiagonal
-from ngvi.posterior_full import dense_covariance, flatten
+from ngvi.posterior import dense_covariance, flatten
 
 
 def mvn(post) -> torch.distributions.MultivariateNormal:

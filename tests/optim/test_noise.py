@@ -14,7 +14,7 @@ import torch
 
 import ngvi
 from conftest import make_mlp
-from ngvi.optim._noise import NoiseSource
+from ngvi.optim.engine.noise import NoiseSource
 from optimizer_db import BY_NAME, params_of
 
 

@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from .. import _validation as check
 from .._tensorlist import TensorList
 from ..optim import functional as cores
-from ..optim.base import VariationalOptimizer
+from ..optim.engine.optimizer import VariationalOptimizer
 from ..posterior import DiagonalGaussian
 from ._local_reparam import LocalReparameterisation, LogStdGradient
 

@@ -25,8 +25,8 @@ from torch import nn
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..optim.base import NonFiniteGradientError
 from ..optim.diagnostics import Diagnostics
+from ..optim.engine.optimizer import NonFiniteGradientError
 
 __all__ = ["MAP"]
 

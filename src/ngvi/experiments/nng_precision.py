@@ -133,7 +133,7 @@ class NNGPrecision(Experiment):
             epochs=spec["epochs"], batch_size=BATCH, generator=torch.Generator().manual_seed(spec["seed"]),
             after_step=after_step,
         )  # fmt: skip
-        from ngvi.posterior_full import dense_covariance
+        from ngvi.posterior import dense_covariance
 
         precision = torch.linalg.inv(dense_covariance(trainer.posterior())).numpy()
         np.save(Path(spec["out"]) / f"precision-{spec['method']}.npy", precision.astype(np.float32))

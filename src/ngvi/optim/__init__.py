@@ -2,8 +2,8 @@
 
 from ._diag_local import sample_preactivations
 from .badam import BAdam
-from .base import NonFiniteGradientError, VariationalOptimizer
 from .diagnostics import Diagnostics, PosteriorWarning
+from .engine.optimizer import NonFiniteGradientError, VariationalOptimizer
 from .ivon import IVON
 from .nng_blktri import NNGBlkTri
 from .nng_full import NNGFull

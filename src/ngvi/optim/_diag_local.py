@@ -109,7 +109,7 @@ def sample_preactivations(opt: Any, model: nn.Module) -> Any:
     """Make ``opt`` (an ngvi optimizer with an element-wise diagonal posterior) sample the pre-activations of
     ``model``'s nn.Linear layers per example in its training samples, instead of their weights. Returns
     ``opt``. The layers must be called once per forward pass on [batch, features] inputs."""
-    from .base import VariationalOptimizer
+    from .engine.optimizer import VariationalOptimizer
 
     if (
         not isinstance(opt, VariationalOptimizer)

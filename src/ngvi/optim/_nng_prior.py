@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validation as check
-from ._prior import AUTO
+from .engine.prior import AUTO
 
 
 def check_prior(group: dict[str, Any]) -> None:

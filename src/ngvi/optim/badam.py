@@ -20,7 +20,7 @@ import torch
 
 from .. import _validation as check
 from . import functional as F
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
 
 
 class BAdam(VariationalOptimizer):

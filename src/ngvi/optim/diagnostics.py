@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _mixed_precision
+from .engine import mixed_precision
 
 __all__ = ["Diagnostics", "PosteriorWarning", "after_step", "report"]
 
@@ -146,7 +146,7 @@ def _moved(
     fresh = []
     for p in params:
         st: dict[str, Any] = {}
-        _mixed_precision.init_state(opt, group, p, st)
+        mixed_precision.init_state(opt, group, p, st)
         st["step"] = 0
         fresh.append(st)
     return [now != start for now, start in zip(precisions, opt._precision(group, fresh), strict=True)]
@@ -155,7 +155,7 @@ def _moved(
 def _initial_value(opt: Any, group: dict[str, Any], p: Tensor, key: str) -> Tensor:
     """The constant that ``key`` of p's state starts at, in the state's dtype (a one-element tensor)."""
     data, fresh = p.data, {}
-    dtype = torch.float32 if _mixed_precision.promoted(opt, p) else p.dtype
+    dtype = torch.float32 if mixed_precision.promoted(opt, p) else p.dtype
     p.data = torch.zeros(1, dtype=dtype, device=p.device)
     try:
         opt._init_state(group, p, fresh)
@@ -225,7 +225,7 @@ def _low_precision_state(opt: Any) -> list[tuple[dict[str, Any], torch.dtype]]:
     for group in opt.param_groups:
         for p in group["params"]:
             dtypes = {t.dtype for t in _tensors(opt.state.get(p, {}))}
-            low = [d for d in dtypes if d in _mixed_precision.LOW_PRECISION]
+            low = [d for d in dtypes if d in mixed_precision.LOW_PRECISION]
             if low:
                 out.append((group, low[0]))
                 break

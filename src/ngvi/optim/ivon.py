@@ -21,7 +21,7 @@ import torch
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
 
 
 class IVON(VariationalOptimizer):

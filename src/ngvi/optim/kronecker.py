@@ -47,8 +47,8 @@ from ..posterior import join_block, split_block
 from . import _nng_prior as nng
 from . import functional as F
 from ._kfac_local import SAMPLINGS, LocalPreactivations
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO
 
 __all__ = ["DEFAULTS", "KroneckerFamily"]
 

@@ -48,7 +48,7 @@ from ..curvature.tridiagonal import (
     precondition,
     xi_t,
 )
-from ..posterior_blktri import BlockTridiagonalGaussian
+from ..posterior import BlockTridiagonalGaussian
 from .kronecker import DEFAULTS, KroneckerFamily
 
 __all__ = ["NNGBlkTri"]

@@ -32,7 +32,7 @@ from .._tensorlist import TensorList
 from ..curvature.full_fisher import PerExampleOuterProducts
 from ..curvature.kfac import damped_inverses
 from ..curvature.likelihoods import Likelihood
-from ..posterior_full import FullGaussian, flatten, unflatten
+from ..posterior import FullGaussian, flatten, unflatten
 from . import _nng_prior as nng
 from .kronecker import DEFAULTS, KroneckerFamily
 

@@ -31,8 +31,8 @@ from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import _nng_prior as nng
 from . import functional as F
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO
 
 
 class NoisyAdam(VariationalOptimizer):

@@ -34,8 +34,8 @@ from torch import Tensor
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
-from ._prior import AUTO, initial_curvature_value
-from .base import VariationalOptimizer, initial_curvature
+from .engine.optimizer import VariationalOptimizer, initial_curvature
+from .engine.prior import AUTO, initial_curvature_value
 
 #: the values of ``step_moment`` (Vadam, Vprop)
 STEP_MOMENTS = ("debiased", "paper")

@@ -47,7 +47,7 @@ from .. import _validation as check
 from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
-from ._prior import AUTO
+from .engine.prior import AUTO
 from .von import VON
 
 
@@ -66,7 +66,7 @@ class VOGN(VON):
             ("fisher" only).  noise_prec: τ of the "gaussian" likelihood.
         loss_reduction: "mean" (the closure returns (1/M)Σᵢfᵢ) or "sum" (Σᵢfᵢ; ĝ is then divided by M).
         chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
-        **engine_kwargs: ``seed``, ``skip_nonfinite``, ... (:class:`~ngvi.optim.base.VariationalOptimizer`).
+        **engine_kwargs: ``seed``, ``skip_nonfinite``, ... (:class:`~ngvi.VariationalOptimizer`).
     """
 
     curvatures = ("ef", "fisher")

@@ -35,8 +35,8 @@ import torch
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from . import functional as F
-from ._prior import AUTO
-from .base import VariationalOptimizer, initial_curvature
+from .engine.optimizer import VariationalOptimizer, initial_curvature
+from .engine.prior import AUTO
 
 
 class VON(VariationalOptimizer):

@@ -34,8 +34,8 @@ from typing import Any
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
-from ._prior import AUTO
-from .base import VariationalOptimizer
+from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO
 from .vadam import STEP_MOMENTS, decay_start_, init_second_moment, second_moment_precision
 
 

@@ -16,7 +16,9 @@ from ..core.runner import Experiment, Job, Run
 from ..data.bandits import load_bandit
 from ..data.bandits_user import USER_BANDITS
 from .agents import AGENTS
+from .jobs import job_key, problems
 from .protocol import DATA_SIZE_RULES, Protocol, run_bandit
+from .report import write_report
 
 REAL_SETS = ("mushroom", "statlog", "adult")
 DATASETS = (*REAL_SETS, "wheel", *USER_BANDITS)
@@ -46,17 +48,6 @@ def _deltas(text: str) -> list[float]:
     if not values or any(v > 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected radii δ in (0, 1], got {text!r}")
     return list(dict.fromkeys(values))
-
-
-def problems(datasets: list[str], deltas: list[float]) -> list[tuple[str, str, float | None]]:
-    """(problem key, data set, δ): the wheel expands into one problem per δ."""
-    out: list[tuple[str, str, float | None]] = []
-    for name in datasets:
-        if name == "wheel":
-            out += [(f"wheel_{d:g}", "wheel", d) for d in deltas]
-        else:
-            out.append((name, name, None))
-    return out
 
 
 class Bandits(Experiment):
@@ -186,14 +177,8 @@ class Bandits(Experiment):
         return result
 
     def report(self, args: argparse.Namespace, run: Run) -> None:
-        from .report import write_report
-
         args = self.resolve(args)
         write_report(self, args, run)
-
-
-def job_key(problem: str, contexts: int | None, agent: str, run: int) -> str:
-    return f"{problem}/{contexts if contexts is not None else 'all'}/{agent}/{run}"
 
 
 def load_problem(spec: dict[str, Any]) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 from ..core.report import bold_set, figure, markdown_table, save_figure
 from ..core.runner import Run
 from .agents import AGENTS
+from .jobs import job_key, problems
 from .protocol import Protocol
 from .published import BADAM_TABLE1, COLUMNS, PAPER_CONTEXTS
 
@@ -40,8 +41,6 @@ def collect(run: Run, experiment: Any, args: argparse.Namespace) -> dict[str, di
     """problem -> agent -> the finished runs' results (in run order). Only the runs that every agent of a
     problem finished are taken (an agent that has not run a problem at all is left out of it), so a
     problem's agents are always compared on the same contexts and rewards, also when a run was stopped."""
-    from .experiment import job_key, problems
-
     runs = run.results["runs"]
     out: dict[str, dict[str, list[dict]]] = {}
     for key, dataset, _ in problems(args.datasets, args.deltas):

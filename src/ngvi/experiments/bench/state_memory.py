@@ -1,7 +1,8 @@
 """The memory of the optimizer state per weight, for float32 and bfloat16 parameters (``ngvi bench``).
 
 For bfloat16/float16 parameters ngvi keeps the state and a master copy of μ in float32 by default
-(``fp32_state=True``, :mod:`ngvi.optim._mixed_precision`), because bfloat16 rounds the curvature updates away.
+(``fp32_state=True``, :mod:`ngvi.optim.engine.mixed_precision`), because bfloat16 rounds the curvature
+updates away.
 This measures what that costs: each registry method is built on the bench MLP, takes one step (so its state
 exists) and we count the bytes of every tensor it keeps between steps (its state, the master copy, kept noise
 buffers, VOGN's scratch buffers), divided by the number of weights. Three settings: float32 parameters;

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ._files import DataNotFoundError, PathLike
-from .bandits import BanditDataset, classification_bandit, one_hot
+from .bandit_dataset import BanditDataset, classification_bandit, one_hot
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from ..core.methods import METHODS
 from ..core.runner import Experiment, Job, Run
 from ..data import load_mnist
 from . import models
+from .report import write_report
 from .transforms import AUGMENTATIONS, rotate
 
 MNIST_METHODS = ("map", "vadam", "vogn", "noisy_kfac", "ivon", "bbvi", "mc_dropout")
@@ -224,8 +225,6 @@ class Classify(Experiment):
         return run_method(spec)
 
     def report(self, args: argparse.Namespace, run: Run) -> None:
-        from .report import write_report
-
         names = [n for n in (args.methods or default_methods()) if n in run.results["runs"]]
         write_report(run, names)
 

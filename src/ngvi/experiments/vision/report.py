@@ -11,7 +11,6 @@ import numpy as np
 from ..core.methods import METHODS
 from ..core.report import figure, markdown_table, save_figure
 from ..core.runner import Run
-from .experiment import ENTROPY_BINS, N_BINS
 
 #: NNG Table 2 (CIFAR-10, half-width VGG16, test accuracy %): plain, [D] augmentation, [B] batch norm, both
 NNG_TABLE2 = {
@@ -38,6 +37,7 @@ def table(runs: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
               "acc (μ)", "NLL (μ)", "ECE (μ)", "Brier (μ)", *(["AUROC (μ)"] if ood else []),
               "train [s]"]  # fmt: skip
     rows = []
+    n_bins = len(next(iter(runs.values()))["reliability"]["bma"]["count"])  # as the run binned it
     for name, r in runs.items():
         cells = [label(name)]
         for kind in ("bma", "mean"):
@@ -53,7 +53,7 @@ def table(runs: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
         f"{' + BatchNorm' if config['batch_norm'] else ''}, {config['epochs']} epoch(s), "
         f"{size} training images, batch {config['batch_size']}, seed {config['seed']}\n\n"
         f"Left: the Bayesian model average over {config['test_samples']} posterior samples; (μ): the mean "
-        f"weights. Accuracy in %, NLL in nats per image, ECE with {N_BINS} equal-width bins, Brier = "
+        f"weights. Accuracy in %, NLL in nats per image, ECE with {n_bins} equal-width bins, Brier = "
         "Σ_c (p_c − 1[y=c])² averaged over images"
         + (", OOD AUROC of the predictive entropy, MNIST test (negative) against Fashion-MNIST test "
            "(positive)" if ood else "")
@@ -98,10 +98,11 @@ def reliability_figure(runs: dict[str, dict[str, Any]], path: Any, kind: str = "
     """One panel per method, NNG Fig. 2 style: accuracy per confidence bin as bars, the gap to the diagonal
     shaded, the ECE in the corner."""
     fig, axes = figure(len(runs), cols=4, size=(3.0, 3.0))
-    edges = np.linspace(0.0, 1.0, N_BINS + 1)
-    centres, width = (edges[:-1] + edges[1:]) / 2, 1.0 / N_BINS
     for ax, (name, r) in zip(axes, runs.items(), strict=True):
         rel = r["reliability"][kind]
+        n_bins = len(rel["count"])  # the bins are the run's: the report needs no constant of the experiment
+        edges = np.linspace(0.0, 1.0, n_bins + 1)
+        centres, width = (edges[:-1] + edges[1:]) / 2, 1.0 / n_bins
         acc, conf, count = (np.array(rel[k]) for k in ("accuracy", "confidence", "count"))
         filled = count > 0
         ax.bar(centres[filled], acc[filled], width=width, color="tab:blue", edgecolor="k", lw=0.5,
@@ -124,11 +125,11 @@ def reliability_figure(runs: dict[str, dict[str, Any]], path: Any, kind: str = "
 def entropy_figure(runs: dict[str, dict[str, Any]], path: Any) -> None:
     """Histograms (densities) of the BMA's predictive entropy on MNIST test and Fashion-MNIST test."""
     fig, axes = figure(len(runs), cols=4, size=(3.0, 2.6))
-    edges = np.linspace(0.0, np.log(10), ENTROPY_BINS + 1)
     for ax, (name, r) in zip(axes, runs.items(), strict=True):
         for key, colour, text in (("in_bma", "tab:blue", "MNIST test (in)"),
                                   ("ood_bma", "tab:orange", "Fashion-MNIST (OOD)")):  # fmt: skip
             counts = np.array(r["entropy_hist"][key], dtype=float)
+            edges = np.linspace(0.0, np.log(10), len(counts) + 1)  # the run's histogram over [0, log 10]
             ax.stairs(counts / counts.sum(), edges, fill=True, alpha=0.45, color=colour, label=text)
         ax.set_title(f"{label(name)}: AUROC {r['bma']['ood_auroc']:.3f}", fontsize=9)
         ax.set_xlabel("predictive entropy [nats]", fontsize=8)

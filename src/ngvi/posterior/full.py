@@ -1,6 +1,6 @@
 r"""A Gaussian with a dense covariance over all parameters (NNG-full, Zhang et al. 2018 §3.1).
 
-:class:`FullGaussian` has the interface of :class:`~ngvi.posterior.DiagonalGaussian`: ``mean`` and
+:class:`FullGaussian` has the interface of :class:`~ngvi.DiagonalGaussian`: ``mean`` and
 ``variance`` (the marginal variances Σⱼⱼ) are lists shaped like the parameters, in parameter order;
 ``sample(n)``, ``log_prob``, ``kl``, ``entropy`` and ``snr``. On top it has ``covariance`` and
 ``precision``: dense [k, k] matrices over the flattened parameters (each parameter flattened row-major, the
@@ -22,11 +22,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .posterior import DiagonalGaussian, GaussianPosterior, KroneckerGaussian
+from .base import LOG_2PI, GaussianPosterior
+from .diagonal import DiagonalGaussian
+from .kronecker import KroneckerGaussian
 
 __all__ = ["DENSE_LIMIT", "FullGaussian", "dense_covariance", "flatten", "unflatten"]
 
-_LOG_2PI = math.log(2.0 * math.pi)
 #: the most weights a dense covariance is formed for (a 8192² float64 matrix takes 512 MiB)
 DENSE_LIMIT = 8192
 
@@ -47,7 +48,7 @@ def _check_size(k: int, what: str) -> None:
     if k > DENSE_LIMIT:
         raise ValueError(
             f"{what} needs a dense {k}×{k} covariance ({k * k * 8 / 2**30:.1f} GiB in float64), more than "
-            f"ngvi.posterior_full.DENSE_LIMIT = {DENSE_LIMIT} weights allow; use a structured posterior's "
+            f"ngvi.posterior.full.DENSE_LIMIT = {DENSE_LIMIT} weights allow; use a structured posterior's "
             "own methods (sample, log_prob, kl against the prior) instead"
         )
 
@@ -113,11 +114,11 @@ class FullGaussian(GaussianPosterior):
         n = self._leading_dim(sample)
         lead = () if n is None else (n,)
         diff = flatten([x.double() for x in sample], lead) - self._flat_mean()
-        return -0.5 * (self._mahalanobis(diff) + self._logdet() + self.numel() * _LOG_2PI)
+        return -0.5 * (self._mahalanobis(diff) + self._logdet() + self.numel() * LOG_2PI)
 
     def entropy(self) -> Tensor:
         """H[q] = ½[k(1 + log 2π) + log|Σ|]."""
-        return 0.5 * (self.numel() * (1.0 + _LOG_2PI) + self._logdet())
+        return 0.5 * (self.numel() * (1.0 + LOG_2PI) + self._logdet())
 
     def kl(self, other: GaussianPosterior) -> Tensor:
         r"""KL(self ‖ other) = ½[tr(Σ₂⁻¹Σ₁) + (μ₂−μ₁)ᵀΣ₂⁻¹(μ₂−μ₁) − k + log|Σ₂| − log|Σ₁|], for ``other``

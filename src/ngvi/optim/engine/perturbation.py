@@ -7,7 +7,7 @@ computed once per slice of at most a quarter of the parameters (its square root 
 reads ε, as Price's ĝ⊙ε/σ does); ε is drawn straight into θ's tensor when nothing reads it later, so no noise
 buffer is kept. Other rules' ``_perturb`` perturbs a copy of μ in place. For a bfloat16/float16 parameter with
 a float32 state, θ is formed from the float32 master and rounded once into the parameter's dtype
-(:mod:`._mixed_precision`).
+(:mod:`.mixed_precision`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._tensorlist import TensorList
-from . import _mixed_precision
-from . import functional as F
+from ..._tensorlist import TensorList
+from .. import functional as F
+from . import mixed_precision
 
 
 @torch.no_grad()
@@ -44,7 +44,7 @@ def draw(opt: Any, train: bool) -> None:
                 perturb_diagonal(opt, group, params, means, states, reuse)
                 continue
             for p in params:  # a copy of μ (in the state's precision: the master of a bfloat16 parameter)
-                p.data = _mixed_precision.mean(opt, p).clone(memory_format=torch.preserve_format)
+                p.data = mixed_precision.mean(opt, p).clone(memory_format=torch.preserve_format)
             keep = [i for i, p in enumerate(params) if not opt.unsampled(p, train)]
             eps = [noise.draw(params[i], reuse) for i in keep]
             for p in params:  # parameters sampled elsewhere keep μ and get ε = 0 (no draw)
@@ -81,7 +81,7 @@ def perturb_diagonal(
     result is bitwise that of ``VariationalOptimizer._perturb``."""
     noise = opt.noise_source
     fused = opt.compile and hasattr(opt, "_precision_core")  # one compiled loop: precision → √ → 1/√
-    sources = [_mixed_precision.mean(opt, p) for p in params]  # μ in the state's precision
+    sources = [mixed_precision.mean(opt, p) for p in params]  # μ in the state's precision
     for part in slices(params, opt._elementwise and not opt.compile):
         if fused:
             core, lists, hyper = opt._precision_core(group, states[part])

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import _validation as check
-from .. import distributed as dist_util
+from ... import _validation as check
+from ... import distributed as dist_util
 
 __all__ = ["NOISES", "NoiseCheckpoint", "NoiseSource"]
 

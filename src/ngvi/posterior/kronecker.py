@@ -1,15 +1,4 @@
-"""Gaussian posteriors over a list of parameter tensors.
-
-:class:`DiagonalGaussian` is the mean-field family q(θ) = Πⱼ N(θⱼ | μⱼ, σⱼ²); :class:`KroneckerGaussian`
-has one matrix-variate Gaussian per layer, vec(W) ~ N(vec(M), U ⊗ V) (noisy K-FAC). Every optimizer's
-``posterior()`` returns a snapshot (cloned tensors) in parameter order, so it stays valid while training
-goes on. Scalar results (``log_prob``, ``kl``, ``entropy``) are reduced in float64.
-
-**Point estimates.** Parameters listed in ``point`` (the batch-norm parameters under VOGN and noisy K-FAC,
-see :mod:`ngvi.curvature.layers`) are held at their mean: variance 0, every sample equals the mean, and
-``log_prob``, ``entropy`` and ``kl`` are those of the random parameters alone (the density of q conditional
-on the point estimates, which enter as hyperparameters).
-"""
+"""The layer-wise matrix-variate family vec(W) ~ N(vec(M), U ⊗ V) of noisy K-FAC, and its block layout."""
 
 from __future__ import annotations
 
@@ -20,164 +9,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import pruning
+from .base import LOG_2PI, GaussianPosterior, point_indices
+from .diagonal import DiagonalGaussian
 
-_LOG_2PI = math.log(2.0 * math.pi)
-
-
-class GaussianPosterior:
-    """Interface shared by the posterior families (mean, marginal variance, sampling, densities)."""
-
-    mean: list[Tensor]
-    variance: list[Tensor]
-    #: indices of point-estimate parameters (variance 0, samples = the mean)
-    point: tuple[int, ...] = ()
-
-    @property
-    def std(self) -> list[Tensor]:
-        return [v.sqrt() for v in self.variance]
-
-    def snr(self) -> list[Tensor]:
-        """Signal-to-noise ratio |μ|/σ per weight (BADAM's pruning criterion)."""
-        return [m.abs() / s for m, s in zip(self.mean, self.std, strict=True)]
-
-    def prune_masks(self, fraction: float, criterion: str = "snr", scope: str = "global") -> list[Tensor]:
-        """Keep-masks that prune the ``fraction`` of weights with the lowest |μ|/σ (``criterion="snr"``)
-        or |μ| (``"magnitude"``), over all weights or ``scope="per_tensor"``: see :mod:`ngvi.pruning`."""
-        return pruning.prune_masks(pruning.prune_scores(self, criterion), fraction, scope)
-
-    def numel(self) -> int:
-        return sum(m.numel() for m in self.mean)
-
-    def _leading_dim(self, sample: Sequence[Tensor]) -> int | None:
-        """None when ``sample`` is shaped like the parameters, n when it carries a leading dim n."""
-        if len(sample) != len(self.mean):
-            raise ValueError(f"sample has {len(sample)} tensors, the posterior has {len(self.mean)}")
-        batched = sample[0].dim() == self.mean[0].dim() + 1
-        n = sample[0].shape[0] if batched else None
-        for i, (x, m) in enumerate(zip(sample, self.mean, strict=True)):
-            expected = (n, *m.shape) if batched else tuple(m.shape)
-            if tuple(x.shape) != expected:
-                raise ValueError(
-                    f"sample[{i}] has shape {tuple(x.shape)}, expected {expected} "
-                    "(shaped like the parameter, optionally with one leading sample dimension)"
-                )
-        return n
-
-
-class DiagonalGaussian(GaussianPosterior):
-    r"""Mean-field Gaussian :math:`q(\theta)=\prod_j \mathcal N(\theta_j\mid\mu_j,\sigma_j^2)`.
-
-    Args:
-        mean: tensors shaped like the parameters.
-        variance: positive tensors of the same shapes (marginal variances σ²); zeros at ``point``.
-        point: indices of point-estimate parameters (see the module docstring).
-    """
-
-    def __init__(self, mean: Sequence[Tensor], variance: Sequence[Tensor], point: Sequence[int] = ()):
-        if len(mean) != len(variance):
-            raise ValueError(f"got {len(mean)} mean tensors but {len(variance)} variance tensors")
-        self.point = _point_indices(point, len(mean))
-        for i, (m, v) in enumerate(zip(mean, variance, strict=True)):
-            if m.shape != v.shape:
-                raise ValueError(
-                    f"mean[{i}] has shape {tuple(m.shape)} but variance[{i}] has {tuple(v.shape)}"
-                )
-            if i in self.point:
-                if bool((v != 0).any()):
-                    raise ValueError(f"variance[{i}] of a point estimate must be 0")
-            elif not bool(torch.isfinite(v).all()) or not bool((v > 0).all()):
-                raise ValueError(f"variance[{i}] must be positive and finite")
-        self.mean = [m.detach().clone() for m in mean]
-        self.variance = [v.detach().clone() for v in variance]
-
-    def _random(self, *lists: Sequence[Tensor]) -> list[tuple[Tensor, ...]]:
-        """Zipped entries of the random (non-point) parameters."""
-        return [t for i, t in enumerate(zip(*lists, strict=True)) if i not in self.point]
-
-    @property
-    def precision(self) -> list[Tensor]:
-        return [v.reciprocal() for v in self.variance]
-
-    def sample(self, n: int | None = None, generator: torch.Generator | None = None) -> list[Tensor]:
-        """Draw θ = μ + σ⊙ε. With ``n`` each tensor gets a leading dimension of size n."""
-        if n is not None and (not isinstance(n, int) or n < 1):
-            raise ValueError(f"n must be a positive int or None, got {n!r}")
-        out = []
-        for m, s in zip(self.mean, self.std, strict=True):
-            shape = m.shape if n is None else (n, *m.shape)
-            eps = torch.randn(shape, generator=generator, dtype=m.dtype, device=m.device)
-            out.append(m + s * eps)
-        return out
-
-    def log_prob(self, sample: Sequence[Tensor]) -> Tensor:
-        """log q(θ) summed over all weights: a scalar, or a vector of n values for a batch of n samples."""
-        n = self._leading_dim(sample)
-        total = torch.zeros(() if n is None else (n,), dtype=torch.float64, device=self.mean[0].device)
-        for x, m, v in self._random(sample, self.mean, self.variance):
-            x, m, v = x.double(), m.double(), v.double()
-            terms = -0.5 * ((x - m) ** 2 / v + v.log() + _LOG_2PI)
-            total = total + (terms.sum() if n is None else terms.reshape(n, -1).sum(1))
-        return total
-
-    def entropy(self) -> Tensor:
-        """H[q] = ½ Σⱼ (1 + log 2π + log σⱼ²)."""
-        return sum((0.5 * (1.0 + _LOG_2PI + v.double().log())).sum() for (v,) in self._random(self.variance))
-
-    def kl(self, other: GaussianPosterior) -> Tensor:
-        r"""KL(self ‖ other) = ½ Σⱼ [σ₁²/σ₂² + (μ₂−μ₁)²/σ₂² − 1 + log σ₂² − log σ₁²]."""
-        if not isinstance(other, DiagonalGaussian):
-            raise TypeError(f"KL between DiagonalGaussian and {type(other).__name__} is not implemented")
-        if [m.shape for m in self.mean] != [m.shape for m in other.mean]:
-            raise ValueError("the two posteriors cover parameters of different shapes")
-        if set(other.point) - set(self.point):
-            raise ValueError("KL(q ‖ p) is infinite where p is a point mass and q is not")
-        total = torch.zeros((), dtype=torch.float64, device=self.mean[0].device)
-        for m1, v1, m2, v2 in self._random(self.mean, self.variance, other.mean, other.variance):
-            m1, v1, m2, v2 = m1.double(), v1.double(), m2.double(), v2.double()
-            total = total + 0.5 * (v1 / v2 + (m2 - m1) ** 2 / v2 - 1.0 + v2.log() - v1.log()).sum()
-        return total
-
-    @classmethod
-    def isotropic(cls, like: Sequence[Tensor], precision: float, mean: float = 0.0) -> DiagonalGaussian:
-        """The prior N(mean, I/precision) over tensors shaped like ``like``."""
-        if not precision > 0:
-            raise ValueError(f"precision must be positive, got {precision}")
-        return cls(
-            [torch.full_like(t, mean) for t in like], [torch.full_like(t, 1.0 / precision) for t in like]
-        )
-
-    def __repr__(self) -> str:
-        return f"DiagonalGaussian({len(self.mean)} tensors, {self.numel()} weights)"
-
-
-def symmetric_kl(p: GaussianPosterior, q: GaussianPosterior) -> Tensor:
-    r"""½ [KL(p ‖ q) + KL(q ‖ p)], in float64: the symmetric KL divergence that Khan et al. 2018 (§6.1,
-    Fig. 2; ``make_fig_two_b.m`` of their code) use to compare an approximation with MF-Exact.
-
-    For diagonal Gaussians it is, summed over weights,
-
-    .. math::
-        \tfrac14 \textstyle\sum_j \big[\sigma_{p,j}^2/\sigma_{q,j}^2 + \sigma_{q,j}^2/\sigma_{p,j}^2 - 2
-        + (\mu_{p,j} - \mu_{q,j})^2 (1/\sigma_{p,j}^2 + 1/\sigma_{q,j}^2)\big]
-
-    (the log-determinants cancel). The Jeffreys divergence is twice this. Both arguments must cover
-    parameters of the same shapes, and each must implement ``kl`` against the other (two
-    :class:`DiagonalGaussian`\ s, or two :class:`KroneckerGaussian`\ s with the same blocks).
-    """
-    for name, value in (("p", p), ("q", q)):
-        if not isinstance(value, GaussianPosterior):
-            raise TypeError(
-                f"{name} must be a GaussianPosterior (e.g. opt.posterior()), got {type(value).__name__}"
-            )
-    return 0.5 * (p.kl(q) + q.kl(p))
-
-
-def _point_indices(point: Sequence[int], count: int) -> tuple[int, ...]:
-    out = tuple(sorted({int(i) for i in point}))
-    if any(i < 0 or i >= count for i in out):
-        raise ValueError(f"point indices must lie in [0, {count}), got {list(point)}")
-    return out
+__all__ = ["KroneckerBlock", "KroneckerGaussian", "join_block", "split_block"]
 
 
 def join_block(tensors: Sequence[Tensor], groups: int, rows: int, lead: tuple[int, ...] = ()) -> Tensor:
@@ -232,7 +67,7 @@ class KroneckerGaussian(GaussianPosterior):
 
     def __init__(self, mean: Sequence[Tensor], blocks: Sequence[KroneckerBlock], point: Sequence[int] = ()):
         self.mean = [m.detach().clone() for m in mean]
-        self.point = _point_indices(point, len(self.mean))
+        self.point = point_indices(point, len(self.mean))
         covered = sorted([*(i for b in blocks for i in b.params), *self.point])
         if covered != list(range(len(self.mean))):
             raise ValueError(
@@ -320,7 +155,7 @@ class KroneckerGaussian(GaussianPosterior):
         for k, b in enumerate(self.blocks):
             diff = self._join(b, [sample[i].double() - self.mean[i].double() for i in b.params], lead)
             size = diff[(0,) * len(lead)].numel()
-            total = total - 0.5 * (self._mahalanobis(k, diff) + self._logdet(k) + size * _LOG_2PI)
+            total = total - 0.5 * (self._mahalanobis(k, diff) + self._logdet(k) + size * LOG_2PI)
         return total
 
     def entropy(self) -> Tensor:
@@ -328,7 +163,7 @@ class KroneckerGaussian(GaussianPosterior):
         total = torch.zeros((), dtype=torch.float64, device=self.mean[0].device)
         for k, b in enumerate(self.blocks):
             size = sum(self.mean[i].numel() for i in b.params)
-            total = total + 0.5 * (size * (1.0 + _LOG_2PI) + self._logdet(k))
+            total = total + 0.5 * (size * (1.0 + LOG_2PI) + self._logdet(k))
         return total
 
     def kl(self, other: GaussianPosterior) -> Tensor:

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import distributed as dist_util
-from .._tensorlist import TensorList
-from ..curvature.estimators import CurvatureInput
-from . import _mixed_precision
+from ... import distributed as dist_util
+from ..._tensorlist import TensorList
+from ...curvature.estimators import CurvatureInput
+from . import mixed_precision
 
 __all__ = ["GroupSums", "SampleAccumulator"]
 
@@ -56,7 +56,7 @@ class SampleAccumulator:
             if any(p.grad.is_sparse for p in params):
                 raise RuntimeError(f"{type(opt).__name__} does not support sparse gradients")
             states = [opt.state_of(group, p) for p in params]
-            grads = TensorList(_mixed_precision.upcast(opt, p, p.grad.detach()) for p in params)
+            grads = TensorList(mixed_precision.upcast(opt, p, p.grad.detach()) for p in params)
             curvs = None
             if est is not None:
                 noise = TensorList(opt.noise_source.buffer(p) for p in params) if opt.needs_noise else None
@@ -69,7 +69,7 @@ class SampleAccumulator:
             for i, p in enumerate(params):
                 _add(self.grads, p, grads[i], keep_grad_refs)
                 if curvs is not None:
-                    _add(self.curvs, p, _mixed_precision.upcast(opt, p, curvs[i]), keep_ref=True)
+                    _add(self.curvs, p, mixed_precision.upcast(opt, p, curvs[i]), keep_ref=True)
         self.count += 1
 
     def clear(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _mixed_precision
+from . import mixed_precision
 
 #: state entries a rule creates only when an option needs them (heavy-ball buffers)
 OPTIONAL_STATE = frozenset({"momentum_buffer"})
@@ -51,7 +51,7 @@ def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
     extra = state_dict.pop("ngvi", None)
     validate(opt, state_dict, extra)
     load_torch_state(state_dict)
-    _mixed_precision.restore_float32_state(opt, state_dict)
+    mixed_precision.restore_float32_state(opt, state_dict)
     if extra is not None:
         opt.skipped_steps = int(extra["skipped_steps"])
         opt.num_steps = int(extra["num_steps"])
@@ -172,7 +172,7 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
             "(its state then starts fresh at its first gradient) or give its saved state"
         )
     expected: dict[str, Any] = {}
-    _mixed_precision.init_state(opt, group, p, expected)  # the rule's state (and a float32 master)
+    mixed_precision.init_state(opt, group, p, expected)  # the rule's state (and a float32 master)
     optional_shapes = getattr(opt, "_optional_state_shapes", lambda p: {"momentum_buffer": p.shape})(p)
     required = set(expected) | {"step"}
     rule_state = bool(set(expected) - {"master"})  # a K-FAC layer keeps its state with its first parameter

@@ -30,12 +30,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .curvature.tridiagonal import ChainLayer, lam_sqrt, precondition, xi_t, xi_t_solve
-from .posterior import DiagonalGaussian, GaussianPosterior
+from ..curvature.tridiagonal import ChainLayer, lam_sqrt, precondition, xi_t, xi_t_solve
+from .base import LOG_2PI, GaussianPosterior
+from .diagonal import DiagonalGaussian
+from .full import _check_size, as_full, flatten
 
 __all__ = ["BlockTridiagonalGaussian"]
-
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 class BlockTridiagonalGaussian(GaussianPosterior):
@@ -111,8 +111,6 @@ class BlockTridiagonalGaussian(GaussianPosterior):
     def dense_covariance(self) -> Tensor:
         """Σ as a dense [k, k] float64 matrix over the flattened parameters (small models): Σ applied to
         every basis vector by the block formulas."""
-        from .posterior_full import _check_size, flatten
-
         k = self.numel()
         _check_size(k, "BlockTridiagonalGaussian")
         sizes, shapes = [m.numel() for m in self.mean], [m.shape for m in self.mean]
@@ -167,11 +165,11 @@ class BlockTridiagonalGaussian(GaussianPosterior):
         n = self._leading_dim(sample)
         lead = () if n is None else (n,)
         diff = self._blocks([s.double() - m.double() for s, m in zip(sample, self.mean, strict=True)], lead)
-        return -0.5 * (self._mahalanobis(diff) + self._logdet() + self.numel() * _LOG_2PI)
+        return -0.5 * (self._mahalanobis(diff) + self._logdet() + self.numel() * LOG_2PI)
 
     def entropy(self) -> Tensor:
         """H[q] = ½[k(1 + log 2π) + log|Σ|]."""
-        return 0.5 * (self.numel() * (1.0 + _LOG_2PI) + self._logdet())
+        return 0.5 * (self.numel() * (1.0 + LOG_2PI) + self._logdet())
 
     def kl(self, other: GaussianPosterior) -> Tensor:
         r"""KL(self ‖ other) = ½[tr(Σ₂⁻¹Σ₁) + (μ₂−μ₁)ᵀΣ₂⁻¹(μ₂−μ₁) − k + log|Σ₂| − log|Σ₁|]: in closed form
@@ -180,8 +178,6 @@ class BlockTridiagonalGaussian(GaussianPosterior):
         if [m.shape for m in self.mean] != [m.shape for m in other.mean]:
             raise ValueError("the two posteriors cover parameters of different shapes")
         if not isinstance(other, DiagonalGaussian):
-            from .posterior_full import as_full
-
             return as_full(self).kl(other)
         total = torch.zeros((), dtype=torch.float64)
         for v1, m1, v2, m2 in zip(self._variance64, self.mean, other.variance, other.mean, strict=True):

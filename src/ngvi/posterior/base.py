@@ -1,0 +1,113 @@
+"""The protocol every posterior family implements, and what the families share.
+
+:class:`GaussianPosterior` names the interface (``mean``, ``variance``, ``std``, ``sample``, ``log_prob``,
+``entropy``, ``kl``) and implements ``snr``, ``prune_masks`` and ``numel`` on top of it. Every optimizer's
+``posterior()`` returns a snapshot (cloned tensors) in parameter order, so it stays valid while training
+goes on. Scalar results (``log_prob``, ``kl``, ``entropy``) are reduced in float64.
+
+**Point estimates.** Parameters listed in ``point`` (the batch-norm parameters under VOGN and noisy K-FAC,
+see :mod:`ngvi.curvature.layers`) are held at their mean: variance 0, every sample equals the mean, and
+``log_prob``, ``entropy`` and ``kl`` are those of the random parameters alone (the density of q conditional
+on the point estimates, which enter as hyperparameters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .. import pruning
+
+__all__ = ["GaussianPosterior", "symmetric_kl"]
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+class GaussianPosterior:
+    """Interface shared by the posterior families (mean, marginal variance, sampling, densities)."""
+
+    mean: list[Tensor]
+    variance: list[Tensor]
+    #: indices of point-estimate parameters (variance 0, samples = the mean)
+    point: tuple[int, ...] = ()
+
+    # -- what every family implements -------------------------------------------------------------------
+    def sample(self, n: int | None = None, generator: torch.Generator | None = None) -> list[Tensor]:
+        """θ ~ q, shaped like the parameters; with ``n`` each tensor gets a leading dimension of size n."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement sample")
+
+    def log_prob(self, sample: Sequence[Tensor]) -> Tensor:
+        """log q(θ) in float64: a scalar, or a vector of n values for a batch of n samples."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement log_prob")
+
+    def entropy(self) -> Tensor:
+        """H[q] in float64."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement entropy")
+
+    def kl(self, other: GaussianPosterior) -> Tensor:
+        """KL(self ‖ other) in float64."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement kl")
+
+    # -- what follows from the mean and the marginal variances --------------------------------------------
+    @property
+    def std(self) -> list[Tensor]:
+        return [v.sqrt() for v in self.variance]
+
+    def snr(self) -> list[Tensor]:
+        """Signal-to-noise ratio |μ|/σ per weight (BADAM's pruning criterion)."""
+        return [m.abs() / s for m, s in zip(self.mean, self.std, strict=True)]
+
+    def prune_masks(self, fraction: float, criterion: str = "snr", scope: str = "global") -> list[Tensor]:
+        """Keep-masks that prune the ``fraction`` of weights with the lowest |μ|/σ (``criterion="snr"``)
+        or |μ| (``"magnitude"``), over all weights or ``scope="per_tensor"``: see :mod:`ngvi.pruning`."""
+        return pruning.prune_masks(pruning.prune_scores(self, criterion), fraction, scope)
+
+    def numel(self) -> int:
+        return sum(m.numel() for m in self.mean)
+
+    def _leading_dim(self, sample: Sequence[Tensor]) -> int | None:
+        """None when ``sample`` is shaped like the parameters, n when it carries a leading dim n."""
+        if len(sample) != len(self.mean):
+            raise ValueError(f"sample has {len(sample)} tensors, the posterior has {len(self.mean)}")
+        batched = sample[0].dim() == self.mean[0].dim() + 1
+        n = sample[0].shape[0] if batched else None
+        for i, (x, m) in enumerate(zip(sample, self.mean, strict=True)):
+            expected = (n, *m.shape) if batched else tuple(m.shape)
+            if tuple(x.shape) != expected:
+                raise ValueError(
+                    f"sample[{i}] has shape {tuple(x.shape)}, expected {expected} "
+                    "(shaped like the parameter, optionally with one leading sample dimension)"
+                )
+        return n
+
+
+def symmetric_kl(p: GaussianPosterior, q: GaussianPosterior) -> Tensor:
+    r"""½ [KL(p ‖ q) + KL(q ‖ p)], in float64: the symmetric KL divergence that Khan et al. 2018 (§6.1,
+    Fig. 2; ``make_fig_two_b.m`` of their code) use to compare an approximation with MF-Exact.
+
+    For diagonal Gaussians it is, summed over weights,
+
+    .. math::
+        \tfrac14 \textstyle\sum_j \big[\sigma_{p,j}^2/\sigma_{q,j}^2 + \sigma_{q,j}^2/\sigma_{p,j}^2 - 2
+        + (\mu_{p,j} - \mu_{q,j})^2 (1/\sigma_{p,j}^2 + 1/\sigma_{q,j}^2)\big]
+
+    (the log-determinants cancel). The Jeffreys divergence is twice this. Both arguments must cover
+    parameters of the same shapes, and each must implement ``kl`` against the other (two
+    :class:`DiagonalGaussian`\ s, or two :class:`KroneckerGaussian`\ s with the same blocks).
+    """
+    for name, value in (("p", p), ("q", q)):
+        if not isinstance(value, GaussianPosterior):
+            raise TypeError(
+                f"{name} must be a GaussianPosterior (e.g. opt.posterior()), got {type(value).__name__}"
+            )
+    return 0.5 * (p.kl(q) + q.kl(p))
+
+
+def point_indices(point: Sequence[int], count: int) -> tuple[int, ...]:
+    out = tuple(sorted({int(i) for i in point}))
+    if any(i < 0 or i >= count for i in out):
+        raise ValueError(f"point indices must lie in [0, {count}), got {list(point)}")
+    return out

@@ -168,7 +168,7 @@ class NNGFull(KroneckerFamily):
         """A snapshot of q = N(μ, (λ/N)(F̄ + γ_in I)⁻¹) over all parameters, in parameter order."""
         group = self.param_groups[0]
         params = self.trainable(group)
-        st = self.state_of(group, params[0])
-        root = st["root"].double()
+        states = [self.state_of(group, p) for p in params]  # every mean in its state's precision (a master)
+        root = states[0]["root"].double()
         cov = (root @ root.mT).mul_(group["kl_weight"] / group["data_size"])
         return FullGaussian([self.mean_of(p) for p in params], cov)

@@ -174,9 +174,9 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, jobs: int, address: str | None = None, max_retries: int = MAX_RETRIES):
+    def __init__(self, jobs: int, address: str | None = None, max_retries: int | None = None):
         ray = self.ray = import_ray()
-        self.max_retries = max_retries
+        self.max_retries = MAX_RETRIES if max_retries is None else max_retries
         self.pending: set[Any] = set()
         self.connected = not ray.is_initialized()
         if self.connected:
@@ -187,9 +187,9 @@ class RayBackend:
                 "logging_level": logging.ERROR,
                 "runtime_env": {"env_vars": env} if env else None,
             }
-            if address is None:
+            if address is None:  # "local": a new instance, even where ray.init() would find a running one
                 options["num_cpus"] = jobs
-            ray.init(address=address, **options)
+            ray.init(address=address or "local", **options)
         self.task = ray.remote(_ray_job)
 
     def _submit(self, experiment_ref: Any, experiment: Experiment, spec: dict[str, Any]) -> Any:

@@ -242,3 +242,43 @@ def test_ctrl_c_exits_130_keeps_the_fits_leaves_no_ray_process_and_resumes(local
     resumed = _runs(out)
     assert sorted(resumed) == sorted(f"yacht/vadam/{k}" for k in range(splits))
     assert all(resumed[k] == kept[k] for k in kept)
+
+
+class Square(Experiment):
+    """-(x - 1)² for a job ``{"x": x}``: the objective of a tuning test, evaluated on the workers."""
+
+    name = "square"
+
+    def run_job(self, spec):
+        return {"value": -((spec["x"] - 1.0) ** 2)}
+
+
+def test_parallel_trials_share_one_study_in_a_database_and_sequential_ones_repeat(local_ray, tmp_path):
+    from ngvi.experiments.core.tuning import LogUniform, maximise, storage
+
+    workers = backends.RayBackend(2)
+    assert not workers.connected  # the module's instance, left to it
+    space = {"x": LogUniform(-2.0, 2.0)}
+
+    def objective(hp):
+        return next(workers.map(Square(), [{"x": hp["x"]}]))["value"]
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    best = maximise(objective, space, 6, url, "square", parallel=2, startup_trials=3)
+    assert best["trials"] == 6 and abs(best["x"] - 1.0) < 0.8
+    import optuna
+
+    study = optuna.load_study(study_name="square", storage=url)
+    trials = study.trials
+    assert 6 <= len(trials) <= 7  # the budget, and at most the one trial still running when it was met
+    overlap = any(
+        a.number < b.number and b.datetime_start < a.datetime_complete for a in trials for b in trials
+    )
+    assert overlap, "no two trials ran at once"
+
+    def sequential(name):
+        maximise(objective, space, 4, tmp_path / f"{name}.log", "square", startup_trials=2)
+        trials = optuna.load_study(study_name="square", storage=storage(tmp_path / f"{name}.log")).trials
+        return [t.params for t in trials]
+
+    assert sequential("one") == sequential("two")

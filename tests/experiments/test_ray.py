@@ -127,9 +127,11 @@ def test_a_job_whose_worker_is_killed_reruns_and_nothing_is_lost(local_ray, tmp_
 def test_failed_jobs_are_listed_the_others_kept_and_a_rerun_retries_them(local_ray, tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "MAX_RETRIES", 1)
     args = _args(tmp_path, n=3, spec={0: {"die": True}, 2: {"fail": True}})
-    done = runner.run(Marks(), args)
-    assert done.results["runs"] == {"j1": {"i": 1}}
-    failed = done.results["failed"]
+    with pytest.raises(runner.Incomplete, match=r"^2 job\(s\) failed and are missing from the table"):
+        runner.run(Marks(), args)
+    done = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert done["runs"] == {"j1": {"i": 1}}
+    failed = done["failed"]
     assert sorted(failed) == ["j0", "j2"]
     assert failed["j2"] == {"error": "ValueError: a bad spec", "backend": "ray"}
     assert "Worker" in failed["j0"]["error"]  # WorkerCrashedError, after 1 retry
@@ -282,3 +284,14 @@ def test_parallel_trials_share_one_study_in_a_database_and_sequential_ones_repea
         return [t.params for t in trials]
 
     assert sequential("one") == sequential("two")
+
+
+def test_ray_missing_or_an_address_without_it_is_one_line(tmp_path, monkeypatch, capsys):
+    argv = ["uci", "--datasets", "yacht", "--tune", "none", "--out", str(tmp_path / "out")]
+    assert cli.main([*argv, "--ray-address", "auto"]) == 2
+    assert capsys.readouterr().err == "ngvi uci: error: --ray-address needs --backend ray\n"
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    assert cli.main([*argv, "--backend", "ray"]) == 2
+    assert capsys.readouterr().err == (
+        'ngvi uci: error: --backend ray needs the cluster extra: pip install "ngvi[cluster]" (missing: ray)\n'
+    )

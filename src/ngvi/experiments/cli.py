@@ -105,7 +105,7 @@ def _common_arguments(parser: Parser, experiment: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .core.runner import Interrupted, run
+    from .core.runner import Incomplete, Interrupted, run
 
     parser = build_parser()
     try:
@@ -123,14 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 missing = [m for m in cmd.requires if importlib.util.find_spec(m) is None]
                 if missing:  # say so before any work, not after the first fits
                     raise ModuleNotFoundError(f"No module named {missing[0]!r}", name=missing[0])
-                failed = run(cmd, args).results.get("failed", {})
-                if failed:
-                    print(
-                        f"{prog}: {len(failed)} job(s) failed and are missing from the table (listed under "
-                        "'failed' in results.json and in table.md): rerun the same command to retry them",
-                        file=sys.stderr,
-                    )
-                    return 1
+                run(cmd, args)
             else:
                 cmd.main(args)
         except ModuleNotFoundError as err:  # a package that the command imports only where it needs it
@@ -140,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         except Interrupted as err:
             print(f"{prog}: {err}", file=sys.stderr)
             return 130
+        except Incomplete as err:
+            print(f"{prog}: {err}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130

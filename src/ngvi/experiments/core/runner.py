@@ -24,13 +24,17 @@ from .backends import Failed, LocalBackend, RayBackend, _watch_main, make_backen
 from .results import ResultsFolder, show_progress
 
 Workers = LocalBackend  # its old name
-__all__ = ["Experiment", "Interrupted", "Job", "Run", "Workers", "_watch_main", "run"]
+__all__ = ["Experiment", "Incomplete", "Interrupted", "Job", "Run", "Workers", "_watch_main", "run"]
 
 RESULTS = "results.json"
 
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM ended a run; the message says what was kept and how to resume."""
+
+
+class Incomplete(Exception):
+    """A run ended, and reported, with failed jobs; the message says where they are listed."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,13 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Run:
             raise
         workers.close()
     experiment.report(args, current)
-    _note_failed(current)
+    failed = results.get("failed", {})
+    if failed:
+        _note_failed(current)
+        raise Incomplete(
+            f"{len(failed)} job(s) failed and are missing from the table (listed under 'failed' in "
+            f"{out / RESULTS} and in table.md): rerun the same command to retry them"
+        )
     return current
 
 
@@ -213,9 +223,9 @@ def _shutdown_ray() -> None:
 
 def _note_failed(run: Run) -> None:
     """Say in table.md which jobs failed, and so which cells are missing."""
-    failed = run.results.get("failed", {})
+    failed = run.results["failed"]
     table = run.out / "table.md"
-    if not failed or not table.exists():
+    if not table.exists():
         return
     lines = [f"- `{key}`: {entry['error']}" for key, entry in sorted(failed.items())]
     table.write_text(

@@ -1,8 +1,8 @@
 """The ``ngvi`` command line: ``ngvi demo``, ``ngvi list``, ... (``ngvi <command> --help`` explains each).
 
 Every command either runs or exits with one line that says what is wrong and what to do: bad arguments
-(exit 2), a results folder that cannot be used (exit 2), a missing ``experiments`` extra (exit 2), Ctrl-C or
-SIGTERM (exit 130, with how to resume).
+(exit 2), a results folder that cannot be used (exit 2), a missing ``experiments`` or ``cluster`` extra
+(exit 2), jobs that failed (exit 1, after the report), Ctrl-C or SIGTERM (exit 130, with how to resume).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from . import COMMANDS, command
 from .core.args import Parser, jobs, out_folder
+from .core.backends import BACKENDS
 
 # The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
 # imports as pyro): the library needs only torch and numpy, the experiments need these as well.
@@ -22,12 +23,22 @@ EXPERIMENTS_EXTRA = frozenset(
 )
 
 
+# The import names of the `cluster` extra (pip install "ngvi[cluster]"): `--backend ray`.
+CLUSTER_EXTRA = frozenset({"ray"})
+
+
 def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:
-    """The one-line error for ``ngvi <command>`` when ``err`` names a package of the experiments extra.
+    """The one-line error for ``ngvi <command>`` when ``err`` names a package of the experiments (or
+    cluster) extra.
 
     None for any other missing module (a bug or an optional tool, which the caller re-raises).
     """
     missing = (err.name or "").partition(".")[0]
+    if missing in CLUSTER_EXTRA:
+        return (
+            f"ngvi {command}: error: --backend ray needs the cluster extra: "
+            f'pip install "ngvi[cluster]" (missing: {missing})'
+        )
     if missing not in EXPERIMENTS_EXTRA:
         return None
     return (
@@ -75,11 +86,26 @@ def _common_arguments(parser: Parser, experiment: Any) -> None:
     out = experiment.default_out
     parser.add_argument("--out", type=out_folder, default=out, help=f"results folder (default: {out})")
     if experiment.parallel:
-        parser.add_argument("--jobs", type=jobs, default=2, help="worker processes (default: 2)")
+        parser.add_argument(
+            "--jobs", type=jobs, default=2, help="worker processes, or a local Ray's CPUs (default: 2)"
+        )
+        parser.add_argument(
+            "--backend",
+            choices=BACKENDS,
+            default="local",
+            help="local: worker processes on this machine; ray: Ray tasks (needs ngvi[cluster]; see "
+            "docs/PROTOCOLS.md). A run resumes on either (default: local)",
+        )
+        parser.add_argument(
+            "--ray-address",
+            default=None,
+            help="with --backend ray: a cluster to join (auto: the one `ray start` runs here); default: "
+            "start a local Ray instance with --jobs CPUs, stopped at the end",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .core.runner import Interrupted, run
+    from .core.runner import Incomplete, Interrupted, run
 
     parser = build_parser()
     try:
@@ -107,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         except Interrupted as err:
             print(f"{prog}: {err}", file=sys.stderr)
             return 130
+        except Incomplete as err:
+            print(f"{prog}: {err}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130

@@ -3,9 +3,10 @@
 An :class:`Experiment` says its arguments, its jobs, how to run one job (``run_job``, in a worker process)
 and how to report. The runner does the rest once: it checks the results folder before any work, keeps a
 per-job result cache in ``results.json`` (a rerun resumes from the jobs that finished; a different
-configuration is refused), runs the jobs on ``--jobs`` worker processes with a progress bar, and ends
-cleanly on Ctrl-C or SIGTERM: the workers are terminated, every finished result is kept, and one line says
-how to resume.
+configuration is refused), runs the jobs on a backend (``--backend local``: ``--jobs`` worker processes;
+``--backend ray``: Ray tasks, see :mod:`.backends`) with a progress bar, and ends cleanly on Ctrl-C or
+SIGTERM: the workers are terminated, every finished result is kept, and one line says how to resume. The
+results do not depend on the backend, so a run started on one resumes on the other.
 """
 
 from __future__ import annotations
@@ -13,26 +14,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing
-import os
-import select
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from .backends import Failed, LocalBackend, RayBackend, _watch_main, make_backend
 from .results import ResultsFolder, show_progress
+
+Workers = LocalBackend  # its old name
+__all__ = ["Experiment", "Incomplete", "Interrupted", "Job", "Run", "Workers", "_watch_main", "run"]
 
 RESULTS = "results.json"
 
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM ended a run; the message says what was kept and how to resume."""
+
+
+class Incomplete(Exception):
+    """A run ended, and reported, with failed jobs; the message says where they are listed."""
 
 
 @dataclass(frozen=True)
@@ -76,94 +78,11 @@ class Experiment:
     def report(self, args: argparse.Namespace, run: Run) -> None:
         """Tables and figures from ``run.results``, into ``run.out``."""
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by someone else
-        return True
-    return True
-
-
-def _watch_main(pid: int, on_exit: Callable[[], None], interval: float = 1.0) -> None:
-    """Call ``on_exit`` once process ``pid`` has ended: waits on a pidfd where the OS has them (Linux), else
-    polls every ``interval`` seconds."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        fd = None
-        interval = 0.0
-    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
-        fd = None
-    if fd is not None:
-        select.select([fd], [], [])  # readable once the process has exited
-        os.close(fd)
-    else:
-        while interval and _alive(pid):
-            time.sleep(interval)
-    on_exit()
-
-
-def _worker_init(main_pid: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-    # A SIGKILLed run runs no cleanup: each worker ends itself when the main process is gone. (A parent-death
-    # signal would not do: a worker's parent is the fork server, which lives on while workers hold its pipe.)
-    threading.Thread(
-        target=_watch_main,
-        args=(main_pid, lambda: os.kill(os.getpid(), signal.SIGTERM)),
-        daemon=True,
-        name="ngvi-main-watch",
-    ).start()
-    torch.set_num_threads(1)
-
-
-def _call(task: tuple[Experiment, dict[str, Any]]) -> dict[str, Any]:
-    experiment, spec = task
-    return experiment.run_job(spec)
-
-
-class Workers:
-    """``jobs`` worker processes (one torch thread each), or this process for ``jobs == 1``.
-
-    Workers start from a fork server, not by forking this process: a fork inherits the locks held by this
-    process's other threads (torch's thread pools, progress bars) and can hang on them. A worker that dies
-    fails the run (BrokenProcessPool) instead of hanging it."""
-
-    def __init__(self, jobs: int):
-        self.pool = None
-        if jobs > 1:
-            context = multiprocessing.get_context("forkserver")
-            self.pool = ProcessPoolExecutor(
-                jobs, mp_context=context, initializer=_worker_init, initargs=(os.getpid(),)
-            )
-
-    def map(self, experiment: Experiment, specs: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """The results of ``experiment.run_job`` on ``specs``, in order, as they finish."""
-        if self.pool is not None:
-            # Not pool.map: on an interrupt its generator cancels the pending futures from this thread while
-            # the pool's thread, seeing the terminated workers, sets an exception on each of them
-            # (InvalidStateError, printed as a traceback). Here only the pool's thread ever touches them.
-            futures = [self.pool.submit(_call, (experiment, s)) for s in specs]
-            for future in futures:
-                yield future.result()
-            return
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            for spec in specs:
-                yield experiment.run_job(spec)
-        finally:
-            torch.set_num_threads(threads)
-
-    def close(self, terminate: bool = False) -> None:
-        if self.pool is None:
-            return
-        if terminate:  # end the running jobs now (the executor would wait for them)
-            for process in list(getattr(self.pool, "_processes", {}).values()):
-                process.terminate()
-        self.pool.shutdown(wait=True, cancel_futures=terminate)
+    def resources(self, spec: dict[str, Any]) -> dict[str, float]:
+        """What one job needs on Ray: a CPU (it runs one torch thread), and a GPU if its spec names a CUDA
+        ``device``."""
+        gpu = str(spec.get("device", "cpu")).startswith("cuda")
+        return {"num_cpus": 1, "num_gpus": 1 if gpu else 0}
 
 
 @dataclass
@@ -173,7 +92,7 @@ class Run:
     experiment: Experiment
     out: ResultsFolder
     results: dict[str, Any]
-    workers: Workers
+    workers: LocalBackend | RayBackend
 
     def save(self) -> None:
         self.out.save(RESULTS, self.results)
@@ -182,23 +101,32 @@ class Run:
         return list(self.workers.map(self.experiment, specs))
 
     def run_jobs(self, jobs: Sequence[Job]) -> None:
-        """Run the jobs not yet in ``results["runs"]``, saving each result as it arrives."""
+        """Run the jobs not yet in ``results["runs"]``, saving each result as it arrives. A job that fails
+        (on Ray: its worker died more than the retries allow, or it raised) is listed under
+        ``results["failed"]`` with its error, and left out of ``runs``: the report shows its cell as missing
+        and a rerun retries it."""
         from tqdm import tqdm
 
         runs = self.results["runs"]
+        failed = self.results.setdefault("failed", {})
         todo = [j for j in jobs if j.key not in runs]
         start = time.perf_counter()
         bar = tqdm(
             total=len(todo), desc=f"ngvi {self.experiment.name}", unit="job", disable=not show_progress()
         )
         with bar:
-            for job, result in zip(
-                todo, self.workers.map(self.experiment, [j.spec for j in todo]), strict=True
-            ):
-                runs[job.key] = result
+            for index, outcome in self.workers.completed(self.experiment, [j.spec for j in todo]):
+                key = todo[index].key
+                if isinstance(outcome, Failed):
+                    failed[key] = {"error": outcome.error, "backend": self.workers.name}
+                else:
+                    runs[key] = outcome
+                    failed.pop(key, None)
                 self.save()
-                bar.set_postfix_str(job.key)
+                bar.set_postfix_str(key)
                 bar.update()
+        if not failed:
+            del self.results["failed"]
         if todo:
             self.results["wall_seconds"] = self.results.get("wall_seconds", 0.0) + time.perf_counter() - start
             self.save()
@@ -250,22 +178,58 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Run:
     results.setdefault("config", config)
     results.setdefault("runs", {})
     with _sigterm_as_interrupt():
-        workers = Workers(getattr(args, "jobs", 1) if experiment.parallel else 1)
-        current = Run(experiment, out, results, workers)
+        jobs = getattr(args, "jobs", 1) if experiment.parallel else 1
+        backend = getattr(args, "backend", "local") if experiment.parallel else "local"
+        workers = None
         try:
+            workers = make_backend(backend, jobs, getattr(args, "ray_address", None))
+            current = Run(experiment, out, results, workers)
             experiment.prepare(args, current)
             current.run_jobs(experiment.jobs(args, current))
         except KeyboardInterrupt:
             with _signals_ignored():  # a second Ctrl-C or SIGTERM must not cut the cleanup short
-                workers.close(terminate=True)
+                if workers is not None:
+                    workers.close(terminate=True)
+                elif backend == "ray":  # interrupted while Ray started: stop what it had started
+                    _shutdown_ray()
             done = len(results["runs"])
             raise Interrupted(
                 f"interrupted; {done} finished job(s) are kept in {out / RESULTS}: rerun the same command to "
                 "resume"
             ) from None
         except BaseException:
-            workers.close(terminate=True)
+            if workers is not None:
+                workers.close(terminate=True)
             raise
         workers.close()
     experiment.report(args, current)
+    failed = results.get("failed", {})
+    if failed:
+        _note_failed(current)
+        raise Incomplete(
+            f"{len(failed)} job(s) failed and are missing from the table (listed under 'failed' in "
+            f"{out / RESULTS} and in table.md): rerun the same command to retry them"
+        )
     return current
+
+
+def _shutdown_ray() -> None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def _note_failed(run: Run) -> None:
+    """Say in table.md which jobs failed, and so which cells are missing."""
+    failed = run.results["failed"]
+    table = run.out / "table.md"
+    if not table.exists():
+        return
+    lines = [f"- `{key}`: {entry['error']}" for key, entry in sorted(failed.items())]
+    table.write_text(
+        table.read_text().rstrip("\n")
+        + f"\n\n## Missing: {len(failed)} failed job(s)\n\nTheir cells are missing or average fewer runs; "
+        "rerun the same command to retry them.\n\n" + "\n".join(lines) + "\n"
+    )

@@ -18,6 +18,7 @@ import numpy as np
 from ..core import args as arg_types
 from ..core.report import markdown_table
 from ..core.runner import Experiment, Job, Run
+from ..core.tuning import add_tuning_arguments
 from ..data import load_uci, uci_info, uci_name
 from .methods import METHODS, UCIMethod
 from .protocol import Protocol, fit
@@ -93,6 +94,7 @@ class UCI(Experiment):
             default=5,
             help="cross-validation folds per BO evaluation (default 5)",
         )
+        add_tuning_arguments(parser)
         parser.add_argument(
             "--epochs", type=arg_types.positive_int, default=40, help="training epochs (default 40)"
         )
@@ -205,9 +207,10 @@ class UCI(Experiment):
             dataset,
             cv_loglik,
             args.trials,
-            run.out / "optuna-journal.log",
+            args.tune_storage or run.out / "optuna-journal.log",
             f"{args.folds}folds-{args.epochs}epochs",
             seed=args.seed,
+            parallel=args.tune_parallel,
             data_dir=args.data_dir,
             starts=list(warm.values()),
         )

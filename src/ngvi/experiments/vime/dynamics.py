@@ -139,10 +139,18 @@ class BBBDynamics(Dynamics):
             for n in names:
                 g_mu[n] += g[n] / self.mc_samples
                 g_rho[n] += g[n] * eps[n] * std[n] / self.mc_samples
-        quad = sum(  # ∇ᵀ H⁻¹ ∇ with H = diag(1/σ², 2)
-            (std[n].square() * g_mu[n].square() + 0.5 * g_rho[n].square()).flatten(1).sum(1) for n in names
-        )
-        return (0.5 * self.step_size**2 * quad).double().numpy()
+        kls = [
+            second_order_kl(std[n], g_mu[n].flatten(1), g_rho[n].flatten(1), self.step_size) for n in names
+        ]
+        return sum(kls).double().numpy()
+
+
+def second_order_kl(std: Tensor, g_mu: Tensor, g_rho: Tensor, step_size: float) -> Tensor:
+    """½ λ² ∇ᵀ H⁻¹ ∇ with H = diag(1/σ², 2), the Hessian of KL(N(μ′, e^{2ρ′}) ‖ N(μ, σ²)) in (μ′, ρ′) at
+    (μ, log σ): KL(q′ ‖ q) to second order after q′ = q moved by −λ H⁻¹ ∇ (Houthooft et al. 2016, eq. 17,
+    recalled). ``g_mu``, ``g_rho``: [B, n] gradients per transition; ``std``: σ of the n weights."""
+    quad = (std.reshape(1, -1).square() * g_mu.square() + 0.5 * g_rho.square()).sum(1)
+    return 0.5 * step_size**2 * quad
 
 
 class KFACDynamics(Dynamics):

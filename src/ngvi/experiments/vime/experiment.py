@@ -27,6 +27,7 @@ TASK_LABELS = {
     "cartpole_swingup": "CartpoleSwingup (sparse)",
     "half_cheetah": "HalfCheetah (sparse)",
 }
+TASKS = tuple(TASK_LABELS)  # as in .tasks, which imports gymnasium (not needed for --help)
 DEFAULTS = {
     "iterations": 40, "steps": 1000, "eta": 0.01, "hidden": 32, "updates": 100, "batch": 32,
     "min_pool": 500,
@@ -45,8 +46,6 @@ class VIME(Experiment):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        from .tasks import TASKS
-
         parser.add_argument(
             "--tasks",
             type=types.names(TASKS),
@@ -82,8 +81,6 @@ class VIME(Experiment):
         )
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
-        from .tasks import TASKS
-
         config = types.with_quick(args, {**DEFAULTS, "tasks": list(TASKS), "seeds": 3}, QUICK)
         config["arms"] = list(args.arms)
         config["first_seed"] = args.first_seed

@@ -31,7 +31,7 @@ EXTRA_DISTRIBUTIONS = sorted(
     canonicalize_name(Requirement(r).name) for r in PYPROJECT["optional-dependencies"]["experiments"]
 )
 # import names of the experiments extra: the distribution names, except these
-IMPORT_NAMES = {"pyro-ppl": "pyro", "stable-baselines3": "stable_baselines3"}
+IMPORT_NAMES = {"pyro-ppl": "pyro", "stable-baselines3": "stable_baselines3", "sb3-contrib": "sb3_contrib"}
 EXTRA = sorted(IMPORT_NAMES.get(name, name) for name in EXTRA_DISTRIBUTIONS)
 EXTRA_LINE = 'error: this command needs the experiments extra: pip install "ngvi[experiments]" (missing: '
 

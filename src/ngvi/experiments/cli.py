@@ -19,7 +19,17 @@ from .core.backends import BACKENDS
 # The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
 # imports as pyro): the library needs only torch and numpy, the experiments need these as well.
 EXPERIMENTS_EXTRA = frozenset(
-    {"scipy", "matplotlib", "tqdm", "optuna", "pyro", "gymnasium", "mujoco", "stable_baselines3"}
+    {
+        "scipy",
+        "matplotlib",
+        "tqdm",
+        "optuna",
+        "pyro",
+        "gymnasium",
+        "mujoco",
+        "stable_baselines3",
+        "sb3_contrib",
+    }
 )
 
 

@@ -20,12 +20,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .runner import Experiment
+
+class Experiment(Protocol):
+    """What a backend needs of an experiment (:class:`.runner.Experiment`): how to run one job, and what a
+    job needs of a machine."""
+
+    def run_job(self, spec: dict[str, Any]) -> dict[str, Any]: ...
+
+    def resources(self, spec: dict[str, Any]) -> dict[str, float]: ...
+
 
 #: how many times Ray reruns a job whose worker process died before recording it as failed
 MAX_RETRIES = 3

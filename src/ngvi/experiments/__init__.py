@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "list": "listing",
     "prune": "prune",
     "rl": "rl",
+    "charlm": "charlm",
 }
 
 

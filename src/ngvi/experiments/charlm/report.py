@@ -88,7 +88,7 @@ PANELS = (
 def plot(config: dict[str, Any], runs: dict[str, Any], path: Any) -> None:
     fig, axes = figure(2, cols=2, size=(5.6, 4.2))
     for ax, (metric, ylabel, title) in zip(axes, PANELS, strict=True):
-        finals = []
+        finals, lowest = [], []
         for name in config["methods"]:
             curves = _curves(runs, name, config["seeds"], metric)
             length = min(len(c) for c in curves)
@@ -98,10 +98,11 @@ def plot(config: dict[str, Any], runs: dict[str, Any], path: Any) -> None:
             if len(values) > 1:
                 ax.fill_between(epochs, values.min(0), values.max(0), color=COLORS[name], alpha=0.15, lw=0)
             finals.append(values.mean(0)[-1])
-        if all(np.isfinite(finals)):  # zoom on the end, where the methods part
-            low, high = min(finals), max(finals)
+            lowest.append(values.mean(0).min())
+        if all(np.isfinite(finals)):  # zoom on the end, where the methods part (and every curve's minimum)
+            low, high = min(lowest), max(finals)
             top = high + 1.5 * (high - low) + 0.1
-            ax.set_ylim(low - 0.25 * (high - low) - 0.02, min(top, 1.0) if metric == "test_error" else top)
+            ax.set_ylim(low - 0.1 * (high - low) - 0.02, min(top, 1.0) if metric == "test_error" else top)
         ax.set_xlabel("epoch")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "prune": "prune",
     "rl": "rl",
     "vime": "vime",
+    "charlm": "charlm",
 }
 
 

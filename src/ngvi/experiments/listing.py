@@ -17,6 +17,7 @@ OTHER_DATA = {
     "mushroom, statlog shuttle, adult": "contextual bandits (data.load_bandit)",
     "wheel": "the wheel bandit of Riquelme et al. 2018, generated (data.wheel_bandit)",
     "covertype, census, jester, financial": "bandits read from a folder of your own (data.load_user_bandit)",
+    "kjv": "the King James Version, the stand-in for War and Peace of charlm (data.load_text)",
 }
 
 

@@ -1,8 +1,8 @@
-"""Data loaders for the ngvi experiments: UCI regression (Gal & Ghahramani splits), LIBSVM, MNIST, USPS and
-contextual-bandit sets (and the generated wheel bandit; covertype, census, jester and financial from
-a folder of your own). Nothing is downloaded: files are read from a data folder (``data_dir=`` or the
-environment variable ``NGVI_DATA``) and checked against sha256 sums embedded in the package.
-``python -m ngvi.experiments.data.download`` can fetch the files for users with a network.
+"""Data loaders for the ngvi experiments: UCI regression (Gal & Ghahramani splits), LIBSVM, MNIST, USPS,
+contextual-bandit sets (and the generated wheel bandit; covertype, census, jester and financial from a folder
+of your own) and character-level text (the KJV). Nothing is downloaded: files are read from a data folder
+(``data_dir=`` or the environment variable ``NGVI_DATA``) and checked against sha256 sums embedded in the
+package. ``python -m ngvi.experiments.data.download`` can fetch the files for users with a network.
 """
 
 from ._files import ENV_VAR, ChecksumError, DataNotFoundError, data_path, resolve_data_dir, verify_file
@@ -28,6 +28,7 @@ from .libsvm import (
 )
 from .mnist import MNIST_MEAN, MNIST_STD, load_mnist, read_idx
 from .splits import kfold_indices, random_split_indices
+from .text import TEXTS, load_text
 from .toy import TOY_NOISE_STD, ToyRegression, toy_regression
 from .uci import (
     UCI_ALIASES,
@@ -47,6 +48,7 @@ __all__ = [
     "LIBSVM_DATASETS",
     "MNIST_MEAN",
     "MNIST_STD",
+    "TEXTS",
     "TOY_NOISE_STD",
     "UCI_ALIASES",
     "UCI_DATASETS",
@@ -72,6 +74,7 @@ __all__ = [
     "load_mushroom_bandit",
     "load_shuttle",
     "load_shuttle_bandit",
+    "load_text",
     "load_uci",
     "load_uci_data",
     "load_user_bandit",

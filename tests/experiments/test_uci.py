@@ -285,3 +285,18 @@ def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, d
     (tmp_path / "tuned.json").write_text(json.dumps({"yacht/vadam": {"prior_prec": 1.0, "noise_prec": 1.0}}))
     results = run_uci(["yacht"], ["vadam"], 2, "none", tmp_path, jobs=1, data_dir=str(data_dir))
     assert results["runs"] == {f"yacht/vadam/{s}": {"diverged": "non-finite gradient"} for s in (0, 1)}
+
+
+def test_loglik_cells_whose_tau_sits_on_the_box_edge_are_marked():
+    results = fake_results({"vadam": [1.0, 1.2, 0.9], "bbvi": [1.1, 1.3, 1.0]})
+    results["hparams"] = {
+        "yacht/vadam": {"prior_prec": 54.6, "noise_prec": 148.4131591025766, "source": "bo"},  # e⁵, old box
+        "yacht/bbvi": {"prior_prec": 0.2, "noise_prec": 148.4, "source": "bo", "noise_prec_box": [0.0, 9.0]},
+    }
+    table = build_table(results, ["yacht"], ["vadam", "bbvi"], "# header\n")
+    rmse, loglik = table.split("## Test log-likelihood")
+    assert "†" not in rmse.split("†: τ")[0]  # RMSE cells are not marked
+    vadam_cell = loglik.split("| yacht | ")[1].split(" |")[0]
+    assert vadam_cell.endswith(" †")  # tuned in Khan et al.'s box, on its top
+    bbvi_cell = loglik.split("| yacht | ")[1].split(" | ")[2]
+    assert "†" not in bbvi_cell  # the same τ inside the wider box

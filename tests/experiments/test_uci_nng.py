@@ -103,3 +103,31 @@ def test_table_shows_every_column_of_nngs_table_1_once_with_the_best_in_italics(
     assert "| 0.643 ± 0.012 | _0.635 ± 0.008_ | 0.644 ± 0.011 | 0.637 ± 0.011 |" in text
     assert "| -2.408 ± 0.007 | _-1.634 ± 0.016_ | -2.412 ± 0.006 | -2.316 ± 0.006 |" in text
     assert "| 1.174 ± 0.086 | 1.015 ± 0.054 | 1.289 ± 0.069 | _0.979 ± 0.077_ |" in text
+
+
+def test_damping_reaches_the_kfac_methods_only_and_is_recorded(tmp_path, data_dir, monkeypatch):
+    """--damping (γ_ex, NNG §3.2) goes to noisy K-FAC's trainer and its record; BBVI has none; at its
+    default 0 the configuration is the one folders made before the option had."""
+    from ngvi.experiments.core import methods as core_methods
+    from ngvi.experiments.uci_nng.protocol import Protocol
+
+    assert "damping" not in Protocol().asdict() and Protocol(damping=0.01).asdict()["damping"] == 0.01
+    built = {}
+    build = core_methods.Method.build
+
+    def spy(self, model, n, **options):
+        built[self.name] = options
+        return build(self, model, n, **options)
+
+    monkeypatch.setattr(core_methods.Method, "build", spy)
+    out = tmp_path / "d"
+    args = ["uci-nng", "--datasets", "yacht", "--methods", "noisy_kfac,bbvi", "--splits", "1",
+            "--epochs", "1", "--train-samples", "2", "--damping", "0.01", "--jobs", "1", "--out", str(out),
+            "--data-dir", str(data_dir)]  # fmt: skip
+    assert main(args) == 0
+    assert built["noisy_kfac"]["damping"] == 0.01 and "damping" not in built["bbvi"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["protocol"]["damping"] == 0.01
+    assert results["runs"]["yacht/noisy_kfac/0"]["settings"]["damping"] == 0.01
+    assert "damping" not in results["runs"]["yacht/bbvi/0"]["settings"]
+    assert "2 particles, damping γ_ex = 0.01: yacht (1)" in (out / "table.md").read_text()

@@ -48,6 +48,8 @@ def _settings(results: dict[str, Any], datasets: list[str], method: str) -> str:
             continue
         s = runs[0].get("settings", {})
         label = f"{s.get('epochs')} epochs × batch {s.get('batch_size')}, {s.get('train_samples')} particles"
+        if s.get("damping"):
+            label += f", damping γ_ex = {s['damping']:g}"
         groups.setdefault(label, []).append(f"{d} ({len(runs)})")
     return "; ".join(f"{label}: {', '.join(sets)}" for label, sets in groups.items()) or "—"
 

@@ -16,10 +16,11 @@ from conftest import need_data
 from ngvi.baselines import BBVI
 from ngvi.experiments.cli import main
 from ngvi.experiments.core.report import bold_set, fmt_mean_se
+from ngvi.experiments.core.tuning import LogUniform
 from ngvi.experiments.uci.experiment import STANDARD_SETS, fit_seconds, shipped_hparams
 from ngvi.experiments.uci.methods import METHODS
 from ngvi.experiments.uci.report import METRICS, _per_split, build_table
-from ngvi.experiments.uci.tuning import tune
+from ngvi.experiments.uci.tuning import search_space, tau_at_bound, tune
 
 AVAILABLE = [name for name, m in METHODS.items() if m.method.available()]
 
@@ -181,11 +182,26 @@ def test_bo_evaluates_the_warm_starts_first(tmp_path):
         seen.append(hp)
         return -((math.log(hp["noise_prec"]) - 2.0) ** 2) - (math.log(hp["prior_prec"]) - 1.0) ** 2
 
-    starts = [{"noise_prec": math.exp(2.0), "prior_prec": math.e}, {"noise_prec": 1e4, "prior_prec": 1.0}]
+    starts = [{"noise_prec": math.exp(2.0), "prior_prec": math.e}, {"noise_prec": 1e5, "prior_prec": 1.0}]
     best = tune(METHODS["vogn"], "yacht", cv_loglik, 3, tmp_path / "j.log", "test", starts=starts)
     assert seen[0] == pytest.approx(starts[0])
-    assert seen[1] == pytest.approx({"noise_prec": math.exp(5.0), "prior_prec": 1.0})  # clipped to log τ ≤ 5
+    assert seen[1] == pytest.approx({"noise_prec": math.exp(9.0), "prior_prec": 1.0})  # clipped to log τ ≤ 9
     assert best["noise_prec"] == pytest.approx(math.exp(2.0)) and best["cv_loglik"] == pytest.approx(0.0)
+    assert best["noise_prec_box"] == [0.0, 9.0]  # recorded, so that a report can tell an edge
+
+
+def test_tau_on_the_edge_of_its_box_is_marked():
+    """τ's box tops out at e⁹ (naval's fit supports τ ≈ 5,400; Khan et al.'s e⁵ = 148 held 7 cells on its
+    edge); entries without a recorded box were tuned in Khan et al.'s, log τ ∈ [0, 5] ([1, 5] for naval)."""
+    assert search_space("yacht", METHODS["vadam"])["noise_prec"] == LogUniform(0.0, 9.0)
+    assert search_space("naval-propulsion-plant", METHODS["vadam"])["noise_prec"] == LogUniform(1.0, 9.0)
+    old = {"prior_prec": 1.0, "source": "bo"}
+    assert tau_at_bound("yacht", {**old, "noise_prec": 148.4131591025766}) == 5.0
+    assert tau_at_bound("energy", {**old, "noise_prec": 147.52597564407685}) == 5.0  # log τ = 4.994
+    assert tau_at_bound("naval-propulsion-plant", {**old, "noise_prec": 128.33589956166102}) is None
+    assert tau_at_bound("naval-propulsion-plant", {**old, "noise_prec": math.e}) == 1.0
+    assert tau_at_bound("yacht", {**old, "noise_prec": 148.4, "noise_prec_box": [0.0, 9.0]}) is None
+    assert tau_at_bound("yacht", {**old, "noise_prec": math.exp(9.0), "noise_prec_box": [0.0, 9.0]}) == 9.0
 
 
 def test_merge_builds_one_table_from_pieces(tmp_path, capsys, data_dir):
@@ -269,3 +285,18 @@ def test_a_diverged_fit_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, d
     (tmp_path / "tuned.json").write_text(json.dumps({"yacht/vadam": {"prior_prec": 1.0, "noise_prec": 1.0}}))
     results = run_uci(["yacht"], ["vadam"], 2, "none", tmp_path, jobs=1, data_dir=str(data_dir))
     assert results["runs"] == {f"yacht/vadam/{s}": {"diverged": "non-finite gradient"} for s in (0, 1)}
+
+
+def test_loglik_cells_whose_tau_sits_on_the_box_edge_are_marked():
+    results = fake_results({"vadam": [1.0, 1.2, 0.9], "bbvi": [1.1, 1.3, 1.0]})
+    results["hparams"] = {
+        "yacht/vadam": {"prior_prec": 54.6, "noise_prec": 148.4131591025766, "source": "bo"},  # e⁵, old box
+        "yacht/bbvi": {"prior_prec": 0.2, "noise_prec": 148.4, "source": "bo", "noise_prec_box": [0.0, 9.0]},
+    }
+    table = build_table(results, ["yacht"], ["vadam", "bbvi"], "# header\n")
+    rmse, loglik = table.split("## Test log-likelihood")
+    assert "†" not in rmse.split("†: τ")[0]  # RMSE cells are not marked
+    vadam_cell = loglik.split("| yacht | ")[1].split(" |")[0]
+    assert vadam_cell.endswith(" †")  # tuned in Khan et al.'s box, on its top
+    bbvi_cell = loglik.split("| yacht | ")[1].split(" | ")[2]
+    assert "†" not in bbvi_cell  # the same τ inside the wider box

@@ -89,3 +89,45 @@ def test_precision_figure_shows_what_each_family_can_represent(tmp_path, data_di
     assert np.abs(cov[layer1, layer3]).max() < 1e-4 * np.abs(cov).max()
     assert np.abs(precision["nng_blktri"][layer1, layer3]).max() > 0
     assert np.abs(precision["nng_full"][layer1, layer3]).max() > 0
+
+
+def test_table_shows_every_column_of_nngs_table_1_once_with_the_best_in_italics():
+    from ngvi.experiments.uci_nng.report import table
+
+    runs = {f"{d}/noisy_kfac/{s}": {"rmse": 1.0 + s, "loglik": -2.0 - s, "noise_std": 1.0, "seconds": 1.0}
+            for d in ("yacht", "wine-quality-red") for s in (0, 1)}  # fmt: skip
+    text = table({"runs": runs}, ["wine-quality-red", "yacht"], ["noisy_kfac"], "")
+    header = "| Dataset | Noisy K-FAC (ours) | BBB [Z18] | PBP [Z18] | NNG-FFG [Z18] | NNG-MVG [Z18] |"
+    assert text.count(header) == 2  # RMSE and log-likelihood, each published column once
+    # PBP holds the best published wine RMSE and yacht log-likelihood; NNG-MVG the best yacht RMSE
+    assert "| 0.643 ± 0.012 | _0.635 ± 0.008_ | 0.644 ± 0.011 | 0.637 ± 0.011 |" in text
+    assert "| -2.408 ± 0.007 | _-1.634 ± 0.016_ | -2.412 ± 0.006 | -2.316 ± 0.006 |" in text
+    assert "| 1.174 ± 0.086 | 1.015 ± 0.054 | 1.289 ± 0.069 | _0.979 ± 0.077_ |" in text
+
+
+def test_damping_reaches_the_kfac_methods_only_and_is_recorded(tmp_path, data_dir, monkeypatch):
+    """--damping (γ_ex, NNG §3.2) goes to noisy K-FAC's trainer and its record; BBVI has none; at its
+    default 0 the configuration is the one folders made before the option had."""
+    from ngvi.experiments.core import methods as core_methods
+    from ngvi.experiments.uci_nng.protocol import Protocol
+
+    assert "damping" not in Protocol().asdict() and Protocol(damping=0.01).asdict()["damping"] == 0.01
+    built = {}
+    build = core_methods.Method.build
+
+    def spy(self, model, n, **options):
+        built[self.name] = options
+        return build(self, model, n, **options)
+
+    monkeypatch.setattr(core_methods.Method, "build", spy)
+    out = tmp_path / "d"
+    args = ["uci-nng", "--datasets", "yacht", "--methods", "noisy_kfac,bbvi", "--splits", "1",
+            "--epochs", "1", "--train-samples", "2", "--damping", "0.01", "--jobs", "1", "--out", str(out),
+            "--data-dir", str(data_dir)]  # fmt: skip
+    assert main(args) == 0
+    assert built["noisy_kfac"]["damping"] == 0.01 and "damping" not in built["bbvi"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["protocol"]["damping"] == 0.01
+    assert results["runs"]["yacht/noisy_kfac/0"]["settings"]["damping"] == 0.01
+    assert "damping" not in results["runs"]["yacht/bbvi/0"]["settings"]
+    assert "2 particles, damping γ_ex = 0.01: yacht (1)" in (out / "table.md").read_text()

@@ -112,8 +112,21 @@ class Prune(Experiment):
         parser.add_argument(
             "--data-dir", default=None, help="data folder holding mnist/ (default: $NGVI_DATA)"
         )
+        parser.add_argument(
+            "--report-only",
+            action="store_true",
+            help="write table.md and prune.png from --out's results.json under the configuration it "
+            "records, running nothing (--methods and --seeds pick the runs)",
+        )
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
+        if getattr(args, "report_only", False):  # the folder's own configuration, whatever OPTIONS say now
+            from .core.results import ResultsFolder
+
+            recorded = ResultsFolder(args.out, writable=False).load_results().get("config")
+            if recorded is None:
+                raise ValueError(f"--report-only: {args.out} holds no results.json with a config to report")
+            return recorded
         if not 0 <= args.dropout < 1:
             raise ValueError(f"--dropout must lie in [0, 1), got {args.dropout}")
         return {
@@ -125,6 +138,8 @@ class Prune(Experiment):
         }
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
+        if getattr(args, "report_only", False):
+            return []
         from .data.mnist import load_mnist
 
         load_mnist("test", args.data_dir)  # a missing data folder fails here, before any worker starts
@@ -179,12 +194,32 @@ class Prune(Experiment):
         }
 
     def report(self, args: argparse.Namespace, run: Run) -> None:
-        config = self.config(args)
+        config = run.results["config"]
+        missing = [f"{m}/seed{s}" for m in args.methods for s in range(args.seeds)]
+        missing = [k for k in missing if k not in run.results["runs"]]
+        if missing:
+            raise ValueError(f"{run.out} has no run {', '.join(missing)}: lower --seeds or pick --methods")
         done = {m: [run.results["runs"][f"{m}/seed{s}"] for s in range(args.seeds)] for m in args.methods}
         (run.out / "table.md").write_text(_table(done, config))
         plot(done, run.out / "prune.png", config)
         print((run.out / "table.md").read_text())
         print(f"wrote {run.out / 'prune.png'}, {run.out / 'table.md'} and {run.out / 'results.json'}")
+
+
+#: a run counts as diverged when its last epoch's test accuracy is this many points below its best epoch's
+DIVERGED_DROP = 20.0
+
+
+def label(name: str, results: list[dict[str, Any]], config: dict[str, Any]) -> str:
+    """The method's label, saying where its runs used IVON without the update clip, or diverged (every seed
+    ending ``DIVERGED_DROP`` points or more below its best epoch): such rows are not the method's result."""
+    notes = []
+    if name == "ivon" and config["options"].get("ivon", {}).get("clip_radius") is None:
+        notes.append("unclipped")
+    drops = [100 * (max(r["test_accuracy_per_epoch"]) - r["test_accuracy_per_epoch"][-1]) for r in results]
+    if drops and min(drops) >= DIVERGED_DROP:
+        notes.append("diverged")
+    return METHODS[name].label + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _at(result: dict[str, Any], criterion: str, p: float) -> float:
@@ -199,7 +234,7 @@ def _table(done: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> str
         for c in CRITERIA:
             cells = [fmt_mean_se(*mean_se(100 * _at(r, c, p) for r in results)[:2]) for p in TABLE_FRACTIONS]
             time_cell = f"{np.mean([r['seconds'] for r in results]):.0f}" if c == "snr" else ""
-            rows.append([METHODS[name].label, CRITERION_LABEL[c], *cells, time_cell])
+            rows.append([label(name, results, config), CRITERION_LABEL[c], *cells, time_cell])
     for c in CRITERIA:
         rows.append(
             [
@@ -214,7 +249,7 @@ def _table(done: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> str
         diff = [100 * (_at(r, "snr", 0.9) - _at(r, "magnitude", 0.9)) for r in results]
         m, se, n = mean_se(diff)
         verdicts.append(
-            f"- {METHODS[name].label}: |μ|/σ − |μ| at p = 0.9 is {fmt_mean_se(m, se)} points "
+            f"- {label(name, results, config)}: |μ|/σ − |μ| at p = 0.9 is {fmt_mean_se(m, se)} points "
             f"({n} run{'s' if n > 1 else ''}; {sum(d > 0 for d in diff)} of {n} favour |μ|/σ)"
         )
     data = "1,000 training and 1,000 test images (--quick)" if config["subset"] else "MNIST (60,000 / 10,000)"
@@ -251,10 +286,10 @@ def plot(done: dict[str, list[dict[str, Any]]], path, config: dict[str, Any]) ->
     for ax, (name, results) in zip(axes, done.items(), strict=False):
         band(ax, results, "snr", colors[name], "-", "pruned by |μ|/σ")
         band(ax, results, "magnitude", "0.35", "--", "pruned by |μ|")
-        ax.set_title(f"{METHODS[name].label}: {config['epochs']} epochs", fontsize=9)
+        ax.set_title(f"{label(name, results, config)}: {config['epochs']} epochs", fontsize=9)
     last = axes[-1]
     for name, results in done.items():
-        band(last, results, "snr", colors[name], "-", METHODS[name].label)
+        band(last, results, "snr", colors[name], "-", label(name, results, config))
     last.set_title("pruned by |μ|/σ, all methods", fontsize=9)
     last.legend(fontsize=7, loc="lower left")
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter

@@ -57,6 +57,13 @@ def diverged(results: dict[str, Any], datasets: list[str], methods: list[str]) -
     )
 
 
+def _tau_on_edge(results: dict[str, Any], dataset: str, method: str) -> bool:
+    from .tuning import tau_at_bound
+
+    hp = results.get("hparams", {}).get(f"{dataset}/{method}")
+    return bool(hp) and hp.get("source") == "bo" and tau_at_bound(dataset, hp) is not None
+
+
 def build_table(results: dict[str, Any], datasets: list[str], methods: list[str], header: str) -> str:
     sections = [header]
     for metric, (title, _) in METRICS.items():
@@ -76,7 +83,8 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
                     cell = fmt_mean_se(mean, se) + (
                         "" if n >= 20 or n < 2 or d == "protein-tertiary-structure" else f" ({n})"
                     )
-                    row.append(f"**{cell}**" if m in bold else cell)
+                    cell = f"**{cell}**" if m in bold else cell
+                    row.append(cell + (" †" if metric == "loglik" and _tau_on_edge(results, d, m) else ""))
                 else:
                     row.append("—")
                 for src, name in METHODS[m].published.items():
@@ -84,7 +92,11 @@ def build_table(results: dict[str, Any], datasets: list[str], methods: list[str]
                     row.append(f"{pub[0]:.{DECIMALS[src]}f} ± {pub[1]:.{DECIMALS[src]}f}" if pub else "—")
             rows.append(row)
         sections.append(f"## {title}\n\n" + markdown_table(columns, rows))
-    sections.append(BOLD_LEGEND + " (n): the mean of n splits where not all ran; no s.e.: a single split.\n")
+    sections.append(
+        BOLD_LEGEND + " (n): the mean of n splits where not all ran; no s.e.: a single split. †: τ was tuned "
+        "onto an edge of its BO box (the τ column above): its log-likelihood is set or limited by the bound, "
+        "not by the fit.\n"
+    )
     sections.append(diverged(results, datasets, methods))
     sections.append(comparison(results, datasets, methods))
     return "\n".join(sections)

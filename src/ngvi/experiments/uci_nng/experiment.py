@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import asdict
 from typing import Any
 
 from ..core import args as arg_types
@@ -81,6 +80,13 @@ class UCINNG(Experiment):
             default=10,
             help="training particles (MC samples) per step (NNG: 10)",
         )
+        parser.add_argument(
+            "--damping",
+            type=arg_types.float_range(0.0, 1e3),
+            default=0.0,
+            help="extrinsic damping γ_ex of noisy K-FAC and NNG-BlkTri (NNG's config: 0; protein diverges "
+            "without it)",
+        )
         parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
         parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
         parser.add_argument(
@@ -95,10 +101,12 @@ class UCINNG(Experiment):
 
     def _protocol(self, args: argparse.Namespace) -> Protocol:
         large = args.epochs_large if args.epochs_large is not None else args.epochs
-        return Protocol(epochs=args.epochs, epochs_large=large, train_samples=args.train_samples)
+        return Protocol(
+            epochs=args.epochs, epochs_large=large, train_samples=args.train_samples, damping=args.damping
+        )
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
-        return {"protocol": asdict(self._protocol(args)), "seed": args.seed}
+        return {"protocol": self._protocol(args).asdict(), "seed": args.seed}
 
     def prepare(self, args: argparse.Namespace, run: Run) -> None:
         self.n_splits = {d: uci_info(d, args.data_dir).n_splits for d in args.datasets}  # fails early
@@ -132,7 +140,7 @@ class UCINNG(Experiment):
                         "dataset": dataset,
                         "split": split,
                         "method": name,
-                        "protocol": asdict(self._protocol(args)),
+                        "protocol": self._protocol(args).asdict(),
                         "seed": args.seed,
                         "data_dir": args.data_dir,
                     }
@@ -147,6 +155,8 @@ class UCINNG(Experiment):
             "batch_size": protocol.batch_size(spec["dataset"]),
             "train_samples": protocol.train_samples,
         }
+        if protocol.damping and METHODS[spec["method"]].extrinsic_damping:
+            settings["damping"] = protocol.damping
         try:
             result = fit(
                 METHODS[spec["method"]], spec["dataset"], split, protocol, spec["seed"] + spec["split"]

@@ -50,6 +50,7 @@ class NNGMethod:
     local: bool = False  # per-example pre-activations for a diagonal rule (ngvi.optim.sample_preactivations)
     true_fisher: bool = False  # targets sampled with precision E_q[τ] (updated every step)
     published: str | None = None  # the row of NNG's Table 1 to put beside it
+    extrinsic_damping: bool = False  # takes the protocol's γ_ex (``--damping``)
 
     @property
     def method(self) -> Method:
@@ -73,8 +74,9 @@ METHODS: dict[str, NNGMethod] = {
             copies=True,
             true_fisher=True,
             published="NNG-MVG",
+            extrinsic_damping=True,
         ),
-        NNGMethod("nng_blktri", _fisher(KFAC_STYLE), true_fisher=True),
+        NNGMethod("nng_blktri", _fisher(KFAC_STYLE), true_fisher=True, extrinsic_damping=True),
         NNGMethod(  # weight draws: its curvature ĝ² is the square of each sample's minibatch gradient
             "noisy_adam", lambda n: {"lr": 1e-2, "betas": (0.9, 0.999), "damping": 0.0}, published="NNG-FFG"
         ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,16 @@ class Protocol:
     epochs_large: int = 1000
     train_samples: int = TRAIN_SAMPLES
     eval_samples: int = EVAL_SAMPLES
+    #: extrinsic damping γ_ex of the K-FAC-style methods (NNG §3.2: "for purposes of stability"); NNG's
+    #: regression config has none. Protein needs it: see docs/results/uci-nng/README.md
+    damping: float = 0.0
+
+    def asdict(self) -> dict[str, Any]:
+        """The fields, without ``damping`` at its default (the records of runs made before it existed)."""
+        out = asdict(self)
+        if not out["damping"]:
+            del out["damping"]
+        return out
 
     @staticmethod
     def batch_size(dataset: str) -> int:
@@ -68,6 +78,8 @@ def fit(method: NNGMethod, dataset: str, split: UCISplit, protocol: Protocol, se
     copies = protocol.train_samples if method.copies else 1
     model = models.mlp(x_train.shape[1], protocol.hidden(dataset), 1)
     options = {"prior_prec": PRIOR_PREC, "mc_samples": protocol.train_samples // copies, "seed": seed}
+    if method.extrinsic_damping:
+        options["damping"] = protocol.damping
     trainer = method.method.build(model, n, **{**method.options(n), **options})
     if method.local:
         ngvi.optim.sample_preactivations(trainer, model)

@@ -22,7 +22,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 test: setup lint
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 bench: setup
 	$(BIN)/ngvi bench

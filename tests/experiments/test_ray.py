@@ -26,7 +26,8 @@ from ngvi.experiments.core import backends, runner
 from ngvi.experiments.core.runner import Experiment, Job
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
+# one xdist worker runs the whole module (make test: --dist loadgroup), so one Ray instance runs at a time
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 QUIET = {"RAY_DISABLE_IMPORT_WARNING": "1", "RAY_DEDUP_LOGS": "0", "NGVI_PROGRESS": "0"}
 OBJECT_STORE = 78_643_200  # the least Ray accepts (75 MiB)
@@ -39,6 +40,7 @@ def local_ray():
     saved = {k: os.environ.get(k) for k in [*QUIET, "PYTHONPATH"]}
     os.environ.update(QUIET)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    before = _descendants(os.getpid())  # e.g. an earlier test's multiprocessing fork server: not Ray's
     ray.init(
         address="local",
         num_cpus=2,
@@ -46,7 +48,7 @@ def local_ray():
         log_to_driver=False,
         object_store_memory=OBJECT_STORE,
     )
-    ours = {p for p in _descendants(os.getpid()) if b"ray" in _cmdline(p)}  # raylet, gcs_server, workers
+    ours = {p for p in _descendants(os.getpid()) - before if b"ray" in _cmdline(p)}  # raylet, gcs, workers
     try:
         yield
     finally:
@@ -59,7 +61,8 @@ def local_ray():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    assert ours and not [p for p in ours if _alive(p)], "the module's Ray processes outlived ray.shutdown()"
+    left = {p: _cmdline(p).replace(b"\0", b" ")[:120] for p in ours if _alive(p)}
+    assert ours and not left, f"the module's Ray processes outlived ray.shutdown(): {left}"
 
 
 class Marks(Experiment):

@@ -186,6 +186,7 @@ class RayBackend:
         self.max_retries = MAX_RETRIES if max_retries is None else max_retries
         self.pending: set[Any] = set()
         self.connected = not ray.is_initialized()
+        self.owns_instance = self.connected and address is None  # shut down with every task and worker
         if self.connected:
             env = {k: os.environ[k] for k in ("NGVI_DATA",) if k in os.environ}
             options: dict[str, Any] = {
@@ -241,7 +242,8 @@ class RayBackend:
 
     def close(self, terminate: bool = False) -> None:
         ray = self.ray
-        if terminate:
+        if terminate and not self.owns_instance:  # (shutting down our own instance ends its tasks: a
+            # forced cancel racing a task's completion can abort the driver inside Ray, seen with 2.60)
             for ref in list(self.pending):
                 with contextlib.suppress(Exception):  # already finished or gone: nothing to cancel
                     ray.cancel(ref, force=True)

@@ -55,18 +55,13 @@ class Active(Experiment):
         parser.add_argument(
             "--hmc", choices=["yes", "no"], default="yes", help="also run HMC (pyro NUTS) as a method (yes)"
         )
-        parser.add_argument("--trials", type=arg_types.positive_int, default=10, help="trials per set (10)")
-        parser.add_argument(
-            "--rounds",
-            type=arg_types.positive_int,
-            default=10,
-            help="points labelled after the first fit (10)",
-        )
-        parser.add_argument(
+        arg_types.add_count(parser, "--trials", 10, "trials per set (10)")
+        arg_types.add_count(parser, "--rounds", 10, "points labelled after the first fit (10)")
+        arg_types.add_count(
+            parser,
             "--refit-steps",
-            type=arg_types.positive_int,
-            default=ACTIVE_BUDGET.refit_steps,
-            help=f"steps after each added point, from the last fit (default {ACTIVE_BUDGET.refit_steps})",
+            ACTIVE_BUDGET.refit_steps,
+            f"steps after each added point, from the last fit (default {ACTIVE_BUDGET.refit_steps})",
         )
         add_budget_arguments(parser, ACTIVE_BUDGET)
 

@@ -71,13 +71,8 @@ class Demo(Experiment):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--methods", OPTIONS)
-        parser.add_argument(
-            "--steps",
-            type=types.positive_int,
-            default=6000,
-            help="full-batch steps per method (default 6000)",
-        )
-        parser.add_argument("--quick", action="store_true", help="300 steps per method: a smoke run")
+        types.add_count(parser, "--steps", 6000, "full-batch steps per method (default 6000)")
+        types.add_quick(parser, "300 steps per method: a smoke run")
         parser.add_argument("--seed", type=types.non_negative_int, default=0)
         parser.add_argument(
             "--nuts",

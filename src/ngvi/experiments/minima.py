@@ -157,16 +157,9 @@ class Minima(Experiment):
     default_out = "runs/minima"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--steps", type=types.positive_int, default=5000, help="iterations per run (default 5000)"
-        )
-        parser.add_argument(
-            "--seeds",
-            type=types.positive_int,
-            default=3,
-            help="variational runs per start, with different noise (default 3)",
-        )
-        parser.add_argument("--quick", action="store_true", help="200 iterations, 1 seed: a smoke run")
+        types.add_count(parser, "--steps", 5000, "iterations per run (default 5000)")
+        types.add_count(parser, "--seeds", 3, "variational runs per start, with different noise (default 3)")
+        types.add_quick(parser, "200 iterations, 1 seed: a smoke run")
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         return {

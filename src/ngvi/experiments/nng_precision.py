@@ -90,10 +90,10 @@ class NNGPrecision(Experiment):
     default_out = "runs/nng-precision"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--epochs", type=arg_types.positive_int, default=300, help="epochs (default 300)")
-        parser.add_argument("--quick", action="store_true", help="2 epochs: a smoke run")
+        arg_types.add_count(parser, "--epochs", 300, "epochs (default 300)")
+        arg_types.add_quick(parser, "2 epochs: a smoke run")
         parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
-        parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
+        arg_types.add_data_dir(parser, "UCI data folder")
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         return {

@@ -93,10 +93,8 @@ class Prune(Experiment):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--methods", OPTIONS)
-        parser.add_argument(
-            "--epochs", type=types.positive_int, default=100, help="epochs (default 100, BADAM App. D.2)"
-        )
-        parser.add_argument("--seeds", type=types.positive_int, default=1, help="runs per method (default 1)")
+        types.add_count(parser, "--epochs", 100, "epochs (default 100, BADAM App. D.2)")
+        types.add_count(parser, "--seeds", 1, "runs per method (default 1)")
         parser.add_argument("--batch-size", type=types.positive_int, default=128)
         parser.add_argument(
             "--dropout",
@@ -104,14 +102,8 @@ class Prune(Experiment):
             default=0.2,
             help="dropout rate of the hidden layers, in [0, 0.99] (default 0.2)",
         )
-        parser.add_argument(
-            "--quick",
-            action="store_true",
-            help="a smoke run: 1,000 training and 1,000 test images, 2 epochs",
-        )
-        parser.add_argument(
-            "--data-dir", default=None, help="data folder holding mnist/ (default: $NGVI_DATA)"
-        )
+        types.add_quick(parser, "a smoke run: 1,000 training and 1,000 test images, 2 epochs")
+        types.add_data_dir(parser, "data folder holding mnist/")
         parser.add_argument(
             "--report-only",
             action="store_true",

@@ -62,18 +62,16 @@ class Bandits(Experiment):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
+        arg_types.add_subset(
+            parser,
             "--datasets",
-            type=arg_types.names(DATASETS),
-            default=[*REAL_SETS, "wheel"],
-            help=f"comma-separated: {', '.join(DATASETS)} (default: mushroom,statlog,adult,wheel); "
+            DATASETS,
+            f"comma-separated: {', '.join(DATASETS)} (default: mushroom,statlog,adult,wheel); "
             f"{', '.join(USER_BANDITS)} are read from --user-data-dir",
+            default=[*REAL_SETS, "wheel"],
         )
-        parser.add_argument(
-            "--agents",
-            type=arg_types.names(AGENTS),
-            default=list(AGENTS),
-            help=f"comma-separated: {', '.join(AGENTS)} (default: all)",
+        arg_types.add_subset(
+            parser, "--agents", AGENTS, f"comma-separated: {', '.join(AGENTS)} (default: all)"
         )
         parser.add_argument(
             "--contexts",
@@ -82,9 +80,7 @@ class Bandits(Experiment):
             help="contexts per run: N for every data set, or name=N pairs (default: every row of a data set, "
             f"as BADAM; the wheel {WHEEL_CONTEXTS})",
         )
-        parser.add_argument(
-            "--runs", type=arg_types.positive_int, default=10, help="runs per agent (default 10)"
-        )
+        arg_types.add_count(parser, "--runs", 10, "runs per agent (default 10)")
         parser.add_argument(
             "--deltas",
             type=_deltas,
@@ -97,10 +93,9 @@ class Bandits(Experiment):
             default="rounds_x_batch",
             help="N of a session after t rounds: t × batch size (BADAM, default) or t (the buffer size)",
         )
-        parser.add_argument(
-            "--quick",
-            action="store_true",
-            help=f"the reduced run CI executes: {QUICK['contexts']} mushroom contexts, {QUICK['runs']} runs, "
+        arg_types.add_quick(
+            parser,
+            f"the reduced run CI executes: {QUICK['contexts']} mushroom contexts, {QUICK['runs']} runs, "
             "Vadam, greedy and uniform (other --datasets/--agents/--contexts/--runs are ignored)",
         )
         parser.add_argument(
@@ -110,7 +105,7 @@ class Bandits(Experiment):
             "(a problem's cells take the runs every agent finished)",
         )
         parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
-        parser.add_argument("--data-dir", default=None, help="ngvi data folder (default: $NGVI_DATA)")
+        arg_types.add_data_dir(parser, "ngvi data folder")
         parser.add_argument(
             "--user-data-dir",
             default=None,

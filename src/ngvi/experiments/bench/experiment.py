@@ -33,7 +33,7 @@ class Bench(Experiment):
             default=None,
             help="cpu, cuda, ... (default: the accelerator if any)",
         )
-        parser.add_argument("--quick", action="store_true", help="tiny models and few steps: a smoke run")
+        types.add_quick(parser, "tiny models and few steps: a smoke run")
         parser.add_argument(
             "--methods",
             type=types.names(methods(noise_variants=True)),
@@ -47,21 +47,10 @@ class Bench(Experiment):
             default=None,
             help="MLP widths for the scaling plot (default 100,300,1000,3000; '' for none)",
         )
-        parser.add_argument(
-            "--warmup", type=types.positive_int, default=5, help="untimed steps first (default 5)"
-        )
-        parser.add_argument(
-            "--rounds", type=types.positive_int, default=6, help="interleaved rounds (default 6)"
-        )
-        parser.add_argument(
-            "--steps",
-            type=types.positive_int,
-            default=10,
-            help="timed steps per method per round (default 10)",
-        )
-        parser.add_argument(
-            "--threads", type=types.positive_int, default=None, help="torch threads (default: torch's)"
-        )
+        types.add_count(parser, "--warmup", 5, "untimed steps first (default 5)")
+        types.add_count(parser, "--rounds", 6, "interleaved rounds (default 6)")
+        types.add_count(parser, "--steps", 10, "timed steps per method per round (default 10)")
+        types.add_count(parser, "--threads", None, "torch threads (default: torch's)")
         parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
         parser.add_argument("--noise-variants", action="store_true", help="also time noise='antithetic'")
 

@@ -118,12 +118,10 @@ class CharLM(Experiment):
             parser.add_argument(
                 flag, type=types.positive_int, default=default, help=f"{what} (default {default})"
             )
-        parser.add_argument(
-            "--quick",
-            action="store_true",
-            help="80k training characters, 5k test, 1 layer of 32, 5 epochs, 1 seed: a smoke run",
+        types.add_quick(
+            parser, "80k training characters, 5k test, 1 layer of 32, 5 epochs, 1 seed: a smoke run"
         )
-        parser.add_argument("--data-dir", default=None, help="data folder (default: $NGVI_DATA)")
+        types.add_data_dir(parser)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         config = {

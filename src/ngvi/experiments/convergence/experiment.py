@@ -98,18 +98,13 @@ class Convergence(Experiment):
     default_out = "runs/convergence"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--methods",
-            type=types.names(METHOD_NAMES),
-            default=list(METHOD_NAMES),
-            help=f"comma-separated: {', '.join(METHOD_NAMES)} (default: all)",
+        types.add_subset(
+            parser, "--methods", METHOD_NAMES, f"comma-separated: {', '.join(METHOD_NAMES)} (default: all)"
         )
-        parser.add_argument(
-            "--steps", type=types.positive_int, default=5000, help="iterations (default 5000)"
-        )
-        parser.add_argument("--seeds", type=types.positive_int, default=3, help="seeds per curve (default 3)")
-        parser.add_argument("--quick", action="store_true", help="60 iterations, 1 seed: a smoke run")
-        parser.add_argument("--data-dir", default=None, help="data folder (default: $NGVI_DATA)")
+        types.add_count(parser, "--steps", 5000, "iterations (default 5000)")
+        types.add_count(parser, "--seeds", 3, "seeds per curve (default 3)")
+        types.add_quick(parser, "60 iterations, 1 seed: a smoke run")
+        types.add_data_dir(parser)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         return {

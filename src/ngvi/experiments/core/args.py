@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 MAX_INT = 10**9
 #: the most worker processes ``--jobs`` starts
 MAX_JOBS = 1024
+#: ``add_subset``'s default default: every choice
+_ALL = object()
 
 
 class Parser(argparse.ArgumentParser):
@@ -143,14 +145,51 @@ def names(choices: Iterable[str] | None = None, aliases: Callable[[str], str] | 
     return parse
 
 
-def add_subset(parser: argparse.ArgumentParser, flag: str, choices: Iterable[str]) -> None:
-    """``flag``: a comma-separated subset of ``choices``, all of them by default."""
+def add_subset(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    choices: Iterable[str],
+    help: str | None = None,
+    default: Any = _ALL,
+) -> None:
+    """``flag``: a comma-separated subset of ``choices``, ``default`` (all of them unless given) when left
+    out."""
     known = list(choices)
+    help = help or f"comma-separated subset of: {', '.join(known)} (default: all)"
+    parser.add_argument(flag, type=names(known), default=known if default is _ALL else default, help=help)
+
+
+def add_count(
+    parser: argparse.ArgumentParser, flag: str, default: int | None, help: str, low: int = 1
+) -> None:
+    """``flag``: an integer ≥ ``low`` (a count, a size, a number of steps)."""
+    parser.add_argument(flag, type=int_range(low), default=default, help=help)
+
+
+def add_quick(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--quick``: the experiment's smoke run, ``help`` saying what it shrinks."""
+    parser.add_argument("--quick", action="store_true", help=help)
+
+
+def add_data_dir(parser: argparse.ArgumentParser, what: str = "data folder") -> None:
+    """``--data-dir``: where the data sets are, $NGVI_DATA when left out."""
+    parser.add_argument("--data-dir", default=None, help=f"{what} (default: $NGVI_DATA)")
+
+
+def add_merge_from(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--merge-from``: results folders of the same protocol whose records are copied in first."""
+    parser.add_argument("--merge-from", type=names(), default=[], help=help)
+
+
+def add_uci_datasets(parser: argparse.ArgumentParser, default: Iterable[str], which: str) -> None:
+    """``--datasets``: UCI sets by name or alias, ``default`` (described as ``which``) when left out."""
+    from ..data.uci import uci_name
+
     parser.add_argument(
-        flag,
-        type=names(known),
-        default=known,
-        help=f"comma-separated subset of: {', '.join(known)} (default: all)",
+        "--datasets",
+        type=names(aliases=uci_name),
+        default=list(default),
+        help=f"comma-separated UCI sets (aliases: boston, naval, power, wine, protein); default: {which}",
     )
 
 

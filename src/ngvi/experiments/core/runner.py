@@ -45,6 +45,11 @@ class Job:
     spec: dict[str, Any] = field(default_factory=dict)
 
 
+def job_key(*parts: Any) -> str:
+    """A job's key in ``results.json``: its parts joined by ``/`` (``uci/yacht/vadam/split03``)."""
+    return "/".join(str(p) for p in parts)
+
+
 class Experiment:
     """Subclass and set ``name``, ``help`` and ``default_out``; override the methods below."""
 

@@ -33,9 +33,9 @@ def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget) -> Non
         default = getattr(budget, field)
         kind = arg_types.int_range(2) if field == "samples" else arg_types.positive_int  # 2 for the ESS
         parser.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny budgets (for tests)")
+    arg_types.add_quick(parser, "a smoke run: tiny budgets (for tests)")
     parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
-    parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
+    arg_types.add_data_dir(parser, "UCI data folder")
 
 
 def budget_of(args: argparse.Namespace, **extra: int) -> Budget:
@@ -69,11 +69,9 @@ class HMC(Experiment):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         method_argument(parser)
-        parser.add_argument("--trials", type=arg_types.positive_int, default=10, help="trials per set (10)")
-        parser.add_argument("--train", type=arg_types.positive_int, default=20, help="labelled points (20)")
-        parser.add_argument(
-            "--unlabelled", type=arg_types.positive_int, default=100, help="unlabelled points (100)"
-        )
+        arg_types.add_count(parser, "--trials", 10, "trials per set (10)")
+        arg_types.add_count(parser, "--train", 20, "labelled points (20)")
+        arg_types.add_count(parser, "--unlabelled", 100, "unlabelled points (100)")
         add_budget_arguments(parser, Budget())
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:

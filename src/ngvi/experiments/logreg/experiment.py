@@ -21,7 +21,7 @@ import torch
 import ngvi
 
 from ..core import args as types
-from ..core.runner import Experiment, Job, Run
+from ..core.runner import Experiment, Job, Run, job_key
 from . import protocol, toy
 from .protocol import ALL_METHODS, DATASETS
 from .report import report
@@ -29,10 +29,6 @@ from .report import report
 PARTS = ("toy", "splits", "minibatch")
 BATCH_SIZES = (1, 8, 16, 32, 64)
 QUICK = {"splits": 2, "restarts": 2, "steps": 200, "minibatch_steps": 200, "toy_steps": 200}
-
-
-def _key(*parts: Any) -> str:
-    return "/".join(str(p) for p in parts)
 
 
 class LogReg(Experiment):
@@ -47,61 +43,31 @@ class LogReg(Experiment):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--parts",
-            type=types.names(PARTS),
-            default=list(PARTS),
-            help=f"comma-separated: {', '.join(PARTS)} (default: all)",
+        types.add_subset(parser, "--parts", PARTS, f"comma-separated: {', '.join(PARTS)} (default: all)")
+        types.add_subset(
+            parser, "--datasets", DATASETS, f"data sets of Fig. 2b: {', '.join(DATASETS)} (default: both)"
         )
-        parser.add_argument(
-            "--datasets",
-            type=types.names(DATASETS),
-            default=list(DATASETS),
-            help=f"data sets of Fig. 2b: {', '.join(DATASETS)} (default: both)",
+        types.add_subset(
+            parser, "--methods", ALL_METHODS, f"methods of Fig. 2b: {', '.join(ALL_METHODS)} (default: all)"
         )
-        parser.add_argument(
-            "--methods",
-            type=types.names(ALL_METHODS),
-            default=list(ALL_METHODS),
-            help=f"methods of Fig. 2b: {', '.join(ALL_METHODS)} (default: all)",
-        )
-        parser.add_argument(
-            "--splits", type=types.positive_int, default=20, help="random splits (default 20)"
-        )
-        parser.add_argument(
-            "--restarts",
-            type=types.positive_int,
-            default=20,
-            help="runs per minibatch size in Fig. 2c (default 20)",
-        )
+        types.add_count(parser, "--splits", 20, "random splits (default 20)")
+        types.add_count(parser, "--restarts", 20, "runs per minibatch size in Fig. 2c (default 20)")
         parser.add_argument(
             "--batch-sizes",
             type=_sizes,
             default=list(BATCH_SIZES),
             help="Vadam's minibatch sizes in Fig. 2c (default 1,8,16,32,64)",
         )
-        parser.add_argument(
-            "--steps",
-            type=types.positive_int,
-            default=20_000,
-            help="iterations per fit in Fig. 2b (default 20000)",
-        )
-        parser.add_argument(
-            "--minibatch-steps",
-            type=types.positive_int,
-            default=30_000,
-            help="iterations per fit in Fig. 2c (default 30000)",
-        )
-        parser.add_argument(
+        types.add_count(parser, "--steps", 20_000, "iterations per fit in Fig. 2b (default 20000)")
+        types.add_count(parser, "--minibatch-steps", 30_000, "iterations per fit in Fig. 2c (default 30000)")
+        types.add_count(
+            parser,
             "--toy-steps",
-            type=types.positive_int,
-            default=toy.STEPS,
-            help=f"iterations per fit in Fig. 2a (default {toy.STEPS}, as App. I.1)",
+            toy.STEPS,
+            f"iterations per fit in Fig. 2a (default {toy.STEPS}, as App. I.1)",
         )
-        parser.add_argument(
-            "--quick", action="store_true", help="2 splits, 2 runs, 200 iterations per fit: a smoke run"
-        )
-        parser.add_argument("--data-dir", default=None, help="data folder (default: $NGVI_DATA)")
+        types.add_quick(parser, "2 splits, 2 runs, 200 iterations per fit: a smoke run")
+        types.add_data_dir(parser)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         batch_sizes = sorted(set(args.batch_sizes))
@@ -169,7 +135,7 @@ class LogReg(Experiment):
             todo = [s for s in specs if key(s) not in store]
             for spec in todo:  # the pilot's KL is against split 0's MF-Exact, computed just before
                 if spec["kind"] == "pilot":
-                    spec["reference"] = run.results["references"][_key(spec["dataset"], _split_name(0))]
+                    spec["reference"] = run.results["references"][job_key(spec["dataset"], _split_name(0))]
             for spec, result in zip(todo, run.map(todo), strict=True):
                 store[key(spec)] = result
             if todo:
@@ -189,15 +155,15 @@ class LogReg(Experiment):
         common = {"data_dir": args.data_dir}
         out: list[Job] = []
         if "toy" in config["parts"]:
-            ref = refs[_key("toy", "fixed")]
+            ref = refs[job_key("toy", "fixed")]
             for name in protocol.FIGURE_METHODS:
                 spec = {"kind": "toy", "method": name, "steps": config["toy_steps"], "reference": ref}
-                out.append(Job(_key("toy", name), spec | common))
+                out.append(Job(job_key("toy", name), spec | common))
         if "splits" in config["parts"]:
             chosen = self.chosen_lr(config, run)
             for dataset in config["datasets"]:
                 for k in range(config["splits"]):
-                    ref = refs[_key(dataset, _split_name(k))]
+                    ref = refs[job_key(dataset, _split_name(k))]
                     for name in config["methods"]:
                         spec = {
                             "kind": "split",
@@ -208,9 +174,9 @@ class LogReg(Experiment):
                             "reference": ref,
                             "lr0": chosen.get(name),
                         }
-                        out.append(Job(_key(dataset, _split_name(k), name), spec | common))
+                        out.append(Job(job_key(dataset, _split_name(k), name), spec | common))
         if "minibatch" in config["parts"]:
-            ref = refs[_key("breast_cancer", "fixed")]
+            ref = refs[job_key("breast_cancer", "fixed")]
             runs = [("vogn", 1)] + [("vadam", m) for m in config["batch_sizes"]]
             for name, m in runs:
                 for r in range(config["restarts"]):
@@ -222,7 +188,7 @@ class LogReg(Experiment):
                         "steps": config["minibatch_steps"],
                         "reference": ref,
                     }
-                    out.append(Job(_key("minibatch", f"{name}-M{m}", f"run{r:02d}"), spec | common))
+                    out.append(Job(job_key("minibatch", f"{name}-M{m}", f"run{r:02d}"), spec | common))
         return out
 
     # ------------------------------------------------------------------------------------------------
@@ -284,11 +250,11 @@ class LogReg(Experiment):
 
 
 def _reference_key(spec: dict[str, Any]) -> str:
-    return _key(spec["dataset"], _split_name(spec["split"]))
+    return job_key(spec["dataset"], _split_name(spec["split"]))
 
 
 def _pilot_key(spec: dict[str, Any]) -> str:
-    return _key(spec["dataset"], spec["method"], f"{spec['lr0']:g}")
+    return job_key(spec["dataset"], spec["method"], f"{spec['lr0']:g}")
 
 
 def _split_name(split: int | None) -> str:

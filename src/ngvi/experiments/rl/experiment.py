@@ -55,38 +55,18 @@ class RL(Experiment):
             default=None,
             help="a gymnasium task with continuous actions (default HalfCheetah-v5; --quick: Pendulum-v1)",
         )
-        parser.add_argument(
-            "--steps",
-            type=types.positive_int,
-            default=None,
-            help="environment steps (default 3M, App. K; --quick: 300)",
-        )
-        parser.add_argument(
-            "--eval-every",
-            type=types.positive_int,
-            default=None,
-            help="steps between tests (default 10k; --quick: 150)",
-        )
-        parser.add_argument(
-            "--test-episodes",
-            type=types.positive_int,
-            default=None,
-            help="episodes per test (default 20; --quick: 1)",
-        )
-        parser.add_argument(
-            "--seeds", type=types.positive_int, default=3, help="seeds per variant (default 3)"
-        )
+        types.add_count(parser, "--steps", None, "environment steps (default 3M, App. K; --quick: 300)")
+        types.add_count(parser, "--eval-every", None, "steps between tests (default 10k; --quick: 150)")
+        types.add_count(parser, "--test-episodes", None, "episodes per test (default 20; --quick: 1)")
+        types.add_count(parser, "--seeds", 3, "seeds per variant (default 3)")
         parser.add_argument("--first-seed", type=types.non_negative_int, default=0)
-        parser.add_argument(
-            "--quick",
-            action="store_true",
-            help="CI smoke run: Pendulum-v1, 300 steps, 2 tests of 1 episode (options given explicitly win)",
+        types.add_quick(
+            parser,
+            "CI smoke run: Pendulum-v1, 300 steps, 2 tests of 1 episode (options given explicitly win)",
         )
-        parser.add_argument(
-            "--merge-from",
-            type=types.names(),
-            default=[],
-            help="comma-separated results folders of the same protocol (e.g. one seed each) copied in first",
+        types.add_merge_from(
+            parser,
+            "comma-separated results folders of the same protocol (e.g. one seed each) copied in first",
         )
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:

@@ -17,9 +17,9 @@ import numpy as np
 
 from ..core import args as arg_types
 from ..core.report import markdown_table
-from ..core.runner import Experiment, Job, Run
+from ..core.runner import Experiment, Job, Run, job_key
 from ..core.tuning import add_tuning_arguments
-from ..data import load_uci, uci_info, uci_name
+from ..data import load_uci, uci_info
 from .methods import METHODS, UCIMethod
 from .protocol import Protocol, fit
 
@@ -35,10 +35,6 @@ STANDARD_SETS = (
     "yacht",
 )
 TUNED = "tuned.json"
-
-
-def _key(*parts: Any) -> str:
-    return "/".join(str(p) for p in parts)
 
 
 def shipped_hparams() -> dict[str, Any]:
@@ -61,50 +57,26 @@ class UCI(Experiment):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--datasets",
-            type=arg_types.names(aliases=uci_name),
-            default=list(STANDARD_SETS),
-            help="comma-separated UCI sets (aliases: boston, naval, power, wine, protein); default: Table 1",
-        )
+        arg_types.add_uci_datasets(parser, STANDARD_SETS, "Table 1")
         parser.add_argument(
             "--methods",
             type=arg_types.names(METHODS),
             default=["vadam", "bbvi", "mc_dropout"],
             help=f"comma-separated: {', '.join(METHODS)} (default: vadam,bbvi,mc_dropout)",
         )
-        parser.add_argument(
-            "--splits",
-            type=arg_types.positive_int,
-            default=None,
-            help="first K splits (default: all, 20 or 5)",
-        )
+        arg_types.add_count(parser, "--splits", None, "first K splits (default: all, 20 or 5)")
         parser.add_argument(
             "--tune", choices=["bo", "none"], default="none", help="bo: Bayesian optimisation on split 0"
         )
-        parser.add_argument(
-            "--trials",
-            type=arg_types.positive_int,
-            default=30,
-            help="BO evaluations per data set and method (default 30)",
-        )
-        parser.add_argument(
-            "--folds",
-            type=arg_types.positive_int,
-            default=5,
-            help="cross-validation folds per BO evaluation (default 5)",
-        )
+        arg_types.add_count(parser, "--trials", 30, "BO evaluations per data set and method (default 30)")
+        arg_types.add_count(parser, "--folds", 5, "cross-validation folds per BO evaluation (default 5)")
         add_tuning_arguments(parser)
-        parser.add_argument(
-            "--epochs", type=arg_types.positive_int, default=40, help="training epochs (default 40)"
-        )
+        arg_types.add_count(parser, "--epochs", 40, "training epochs (default 40)")
         parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
-        parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
-        parser.add_argument(
-            "--merge-from",
-            type=arg_types.names(),
-            default=[],
-            help="comma-separated results folders (same protocol and seed) whose fits and tuned values for "
+        arg_types.add_data_dir(parser, "UCI data folder")
+        arg_types.add_merge_from(
+            parser,
+            "comma-separated results folders (same protocol and seed) whose fits and tuned values for "
             "--datasets and --methods are copied into --out first: a benchmark run in pieces, one table",
         )
 
@@ -121,7 +93,7 @@ class UCI(Experiment):
         for dataset in args.datasets:
             for name in args.methods:
                 hp = self._hyperparameters(METHODS[name], dataset, args, run)
-                run.results["hparams"][_key(dataset, name)] = hp
+                run.results["hparams"][job_key(dataset, name)] = hp
         run.save()
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
@@ -133,12 +105,12 @@ class UCI(Experiment):
                         "dataset": dataset,
                         "split": split,
                         "method": name,
-                        "hp": run.results["hparams"][_key(dataset, name)],
+                        "hp": run.results["hparams"][job_key(dataset, name)],
                         "protocol": asdict(Protocol(epochs=args.epochs)),
                         "seed": args.seed,
                         "data_dir": args.data_dir,
                     }
-                    jobs.append(Job(_key(dataset, name, split), spec))
+                    jobs.append(Job(job_key(dataset, name, split), spec))
         return jobs
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +138,7 @@ class UCI(Experiment):
         fresh BO (``--tune bo``)."""
         from .tuning import tune
 
-        key = _key(dataset, method.name)
+        key = job_key(dataset, method.name)
         cache = run.out.load(TUNED)
         budget = {"trials": args.trials, "folds": args.folds, "epochs": args.epochs}
         if key in cache and (args.tune == "none" or cache[key].get("budget") == budget):

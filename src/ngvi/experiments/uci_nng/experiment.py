@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from ..core import args as arg_types
-from ..core.runner import Experiment, Job, Run
-from ..data import load_uci, uci_info, uci_name
+from ..core.runner import Experiment, Job, Run, job_key
+from ..data import load_uci, uci_info
 from .methods import METHODS
 from .protocol import Protocol, fit
 
@@ -35,10 +35,6 @@ DATASETS = (
 )
 
 
-def _key(*parts: Any) -> str:
-    return "/".join(str(p) for p in parts)
-
-
 class UCINNG(Experiment):
     name = "uci-nng"
     requires = ("tqdm", "matplotlib", "scipy")
@@ -52,33 +48,15 @@ class UCINNG(Experiment):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--datasets",
-            type=arg_types.names(aliases=uci_name),
-            default=list(DATASETS),
-            help="comma-separated UCI sets (aliases: boston, naval, power, wine, protein); default: all nine",
-        )
+        arg_types.add_uci_datasets(parser, DATASETS, "all nine")
         arg_types.add_subset(parser, "--methods", METHODS)
-        parser.add_argument(
-            "--splits",
-            type=arg_types.positive_int,
-            default=None,
-            help="first K splits (default: all, 20 or 5)",
+        arg_types.add_count(parser, "--splits", None, "first K splits (default: all, 20 or 5)")
+        arg_types.add_count(parser, "--epochs", 1000, "epochs on the five small sets (1000)")
+        arg_types.add_count(
+            parser, "--epochs-large", None, "epochs on kin8nm, naval, power and protein (default: --epochs)"
         )
-        parser.add_argument(
-            "--epochs", type=arg_types.positive_int, default=1000, help="epochs on the five small sets (1000)"
-        )
-        parser.add_argument(
-            "--epochs-large",
-            type=arg_types.positive_int,
-            default=None,
-            help="epochs on kin8nm, naval, power and protein (default: --epochs)",
-        )
-        parser.add_argument(
-            "--train-samples",
-            type=arg_types.positive_int,
-            default=10,
-            help="training particles (MC samples) per step (NNG: 10)",
+        arg_types.add_count(
+            parser, "--train-samples", 10, "training particles (MC samples) per step (NNG: 10)"
         )
         parser.add_argument(
             "--damping",
@@ -88,12 +66,9 @@ class UCINNG(Experiment):
             "without it)",
         )
         parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
-        parser.add_argument("--data-dir", default=None, help="UCI data folder (default: $NGVI_DATA)")
-        parser.add_argument(
-            "--merge-from",
-            type=arg_types.names(),
-            default=[],
-            help="comma-separated results folders whose fits of --datasets and --methods are copied first",
+        arg_types.add_data_dir(parser, "UCI data folder")
+        arg_types.add_merge_from(
+            parser, "comma-separated results folders whose fits of --datasets and --methods are copied first"
         )
         parser.add_argument(
             "--report-only", action="store_true", help="run no fits: report the ones in --out (after merging)"
@@ -144,7 +119,7 @@ class UCINNG(Experiment):
                         "seed": args.seed,
                         "data_dir": args.data_dir,
                     }
-                    jobs.append(Job(_key(dataset, name, split), spec))
+                    jobs.append(Job(job_key(dataset, name, split), spec))
         return jobs
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:

@@ -53,9 +53,7 @@ class VIME(Experiment):
             help=f"comma-separated subset of: {', '.join(TASKS)} (default: all; --quick: mountain_car)",
         )
         types.add_subset(parser, "--arms", ARMS)
-        parser.add_argument(
-            "--seeds", type=types.positive_int, default=None, help="seeds per arm (default 3)"
-        )
+        types.add_count(parser, "--seeds", None, "seeds per arm (default 3)")
         parser.add_argument("--first-seed", type=types.non_negative_int, default=0)
         for flag, text in [
             ("--iterations", "TRPO iterations"),
@@ -76,9 +74,7 @@ class VIME(Experiment):
             default=None,
             help=f"η, the weight of the normalised information gain (default {DEFAULTS['eta']})",
         )
-        parser.add_argument(
-            "--quick", action="store_true", help="CI smoke run (options given explicitly win)"
-        )
+        types.add_quick(parser, "CI smoke run (options given explicitly win)")
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         config = types.with_quick(args, {**DEFAULTS, "tasks": list(TASKS), "seeds": 3}, QUICK)

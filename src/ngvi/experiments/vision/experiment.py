@@ -123,38 +123,28 @@ class Classify(Experiment):
             default="none",
             help="training augmentation: shift (±2 px, MNIST) or flip-crop (CIFAR-10)",
         )
-        parser.add_argument(
-            "--epochs", type=types.positive_int, default=None, help="training epochs (default 5; --quick: 1)"
-        )
-        parser.add_argument(
-            "--batch-size",
-            type=types.positive_int,
-            default=None,
-            help="minibatch size (default 128; --quick: 32)",
-        )
-        parser.add_argument(
+        types.add_count(parser, "--epochs", None, "training epochs (default 5; --quick: 1)")
+        types.add_count(parser, "--batch-size", None, "minibatch size (default 128; --quick: 32)")
+        types.add_count(
+            parser,
             "--train-size",
-            type=types.positive_int,
-            default=None,
-            help="train on a seeded random subset of this size (default: all; --quick: 512)",
+            None,
+            "train on a seeded random subset of this size (default: all; --quick: 512)",
         )
-        parser.add_argument(
-            "--test-size",
-            type=types.positive_int,
-            default=None,
-            help="evaluate on the first K test images (default: all; --quick: 256)",
+        types.add_count(
+            parser, "--test-size", None, "evaluate on the first K test images (default: all; --quick: 256)"
         )
-        parser.add_argument(
+        types.add_count(
+            parser,
             "--test-samples",
-            type=types.positive_int,
-            default=None,
-            help="posterior samples of the Bayesian model average (default 32; --quick: 4)",
+            None,
+            "posterior samples of the Bayesian model average (default 32; --quick: 4)",
         )
-        parser.add_argument(
+        types.add_count(
+            parser,
             "--ood-size",
-            type=types.positive_int,
-            default=None,
-            help="Fashion-MNIST test images for the OOD part (default 10000; --quick: 256)",
+            None,
+            "Fashion-MNIST test images for the OOD part (default 10000; --quick: 256)",
         )
         parser.add_argument("--no-ood", action="store_true", help="skip the out-of-distribution part")
         parser.add_argument(
@@ -169,22 +159,15 @@ class Classify(Experiment):
             help="rotations of the shift curve, comma-separated degrees in [-360, 360] "
             "(default 0,15,...,90; --quick: 0,45,90)",
         )
-        parser.add_argument(
-            "--shift-size",
-            type=types.positive_int,
-            default=None,
-            help="test images per rotation angle (default 2000; --quick: 128)",
+        types.add_count(
+            parser, "--shift-size", None, "test images per rotation angle (default 2000; --quick: 128)"
         )
-        parser.add_argument("--data-dir", default=None, help="ngvi data folder (default: $NGVI_DATA)")
+        types.add_data_dir(parser, "ngvi data folder")
         parser.add_argument("--cifar-dir", default=None, help="the cifar-10-batches-py folder (CIFAR-10)")
         parser.add_argument(
             "--vectorize", action="store_true", help="draw the test-time samples in batched (vmap) passes"
         )
-        parser.add_argument(
-            "--quick",
-            action="store_true",
-            help="a smoke run: 512 images, 1 epoch, 4 samples (options given explicitly win)",
-        )
+        types.add_quick(parser, "a smoke run: 512 images, 1 epoch, 4 samples (options given explicitly win)")
         parser.add_argument("--seed", type=types.non_negative_int, default=0)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:

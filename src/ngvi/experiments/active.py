@@ -73,11 +73,7 @@ class Active(Experiment):
             "initial": 20,
             "test": 100,
             "seed": args.seed,
-            "model": {
-                "hidden": protocol.HIDDEN,
-                "prior_prec": protocol.PRIOR_PREC,
-                "noise_prec": protocol.NOISE_PREC,
-            },
+            "model": dict(protocol.MODEL),
         }
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:

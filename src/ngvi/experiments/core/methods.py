@@ -127,3 +127,17 @@ METHODS: dict[str, Method] = dict(
         ),
     ]
 )
+
+
+class ProtocolMethod:
+    """Base of a protocol's entry for a registry method: ``name`` picks it from ``METHODS``."""
+
+    name: str
+
+    @property
+    def method(self) -> Method:
+        return METHODS[self.name]
+
+    @property
+    def label(self) -> str:
+        return self.method.label

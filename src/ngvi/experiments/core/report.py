@@ -7,7 +7,8 @@ Small-sample honesty: with one value there is no standard error, so :func:`fmt_m
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,22 @@ BOLD_LEGEND = (
     "Bold: the best mean of our methods in that row, and every one of our methods that a paired t-test over "
     f"the splits cannot tell from it at p = {P_VALUE} (needs at least 2 splits)."
 )
+
+
+def diverged_note(
+    runs: dict[str, Any], datasets: list[str], methods: list[str], label: Callable[[str], str], left_out: str
+) -> str:
+    """A note listing the fits (keys ``dataset/method/split``) that diverged (non-finite gradients), which
+    the table leaves out (``left_out`` says how); empty when none did."""
+    counts: Counter[str] = Counter()
+    for k, v in runs.items():
+        dataset, method, _ = k.split("/")
+        if "diverged" in v and dataset in datasets and method in methods:
+            counts[f"{label(method)} on {dataset}"] += 1
+    if not counts:
+        return ""
+    listed = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
+    return f"\nDiverged fits (non-finite gradients; {left_out}): {listed}.\n"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -80,11 +80,7 @@ class HMC(Experiment):
             "train": args.train,
             "unlabelled": args.unlabelled,
             "seed": args.seed,
-            "model": {
-                "hidden": protocol.HIDDEN,
-                "prior_prec": protocol.PRIOR_PREC,
-                "noise_prec": protocol.NOISE_PREC,
-            },
+            "model": dict(protocol.MODEL),
         }
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:

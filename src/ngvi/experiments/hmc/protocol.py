@@ -36,6 +36,8 @@ from ..uci.methods import Setting
 HIDDEN = 10
 PRIOR_PREC = 1.0
 NOISE_PREC = 4.0
+#: the model as a run's config records it
+MODEL = {"hidden": HIDDEN, "prior_prec": PRIOR_PREC, "noise_prec": NOISE_PREC}
 TRAIN_SAMPLES = 4
 PREDICT_SAMPLES = 200
 #: NNG Table 3 and 4: the eight UCI sets (protein and year are left out)

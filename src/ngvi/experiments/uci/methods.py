@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.methods import METHODS as REGISTRY
-from ..core.methods import Method
+from ..core.methods import ProtocolMethod
 
 LR, BETAS = 0.01, (0.9, 0.99)
 #: Gal & Ghahramani's code fixes the prior length-scale l = 10⁻² (prior precision λ = l²) and tunes τ and p
@@ -74,7 +73,7 @@ def _vogn(s: Setting) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class UCIMethod:
+class UCIMethod(ProtocolMethod):
     """A method of the registry with the protocol's options (besides lr, prior_prec and mc_samples)."""
 
     name: str
@@ -87,14 +86,6 @@ class UCIMethod:
     # under the local reparameterisation every row gets independent noise, so the mean loss over S copies
     # of B rows is the S-sample estimator itself, at the cost of one large pass instead of S small ones.
     samples_in_batch: bool = False
-
-    @property
-    def method(self) -> Method:
-        return REGISTRY[self.name]
-
-    @property
-    def label(self) -> str:
-        return self.method.label
 
     def train_samples(self, dataset: str) -> int:
         return self.mc_samples[0] if dataset in SMALL_SETS else self.mc_samples[1]

@@ -40,6 +40,17 @@ class Protocol:
         return 100 if dataset == "protein-tertiary-structure" else 50
 
 
+def tensors(split: UCISplit) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+    """``split`` as the fits take it: standardised float32 inputs and train targets ([N, 1]), the test
+    targets in original units and float64, and the scaler that maps predictions back."""
+    std, scaler = split.standardized()
+    x_train = torch.as_tensor(std.x_train, dtype=torch.float32)
+    y_train = torch.as_tensor(std.y_train, dtype=torch.float32).unsqueeze(1)
+    x_test = torch.as_tensor(std.x_test, dtype=torch.float32)
+    y_test = torch.as_tensor(split.y_test, dtype=torch.float64)
+    return x_train, y_train, x_test, y_test, scaler
+
+
 def fit(
     method: UCIMethod,
     dataset: str,
@@ -53,11 +64,7 @@ def fit(
     """Train on ``split``'s training part and evaluate on its test part; returns metrics and timings."""
     start = time.perf_counter()
     torch.manual_seed(seed)
-    std, scaler = split.standardized()
-    x_train = torch.as_tensor(std.x_train, dtype=torch.float32)
-    y_train = torch.as_tensor(std.y_train, dtype=torch.float32).unsqueeze(1)
-    x_test = torch.as_tensor(std.x_test, dtype=torch.float32)
-    y_test = torch.as_tensor(split.y_test, dtype=torch.float64)
+    x_train, y_train, x_test, y_test, scaler = tensors(split)
     n = x_train.shape[0]
     copies = method.train_samples(dataset) if method.samples_in_batch else 1
     setting = Setting(n, prior_prec, noise_prec, mc_samples=method.train_samples(dataset) // copies)

@@ -9,7 +9,6 @@ z-score on the standard errors, listed under "Comparison with the papers".
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 from ..core.report import (
     BOLD_LEGEND,
     bold_set,
+    diverged_note,
     figure,
     fmt_mean_se,
     markdown_table,
@@ -43,18 +43,8 @@ def _per_split(results: dict[str, Any], dataset: str, method: str, metric: str) 
 
 def diverged(results: dict[str, Any], datasets: list[str], methods: list[str]) -> str:
     """A note listing the fits that diverged (non-finite gradients), which the table leaves out."""
-    counts: Counter[str] = Counter()
-    for k, v in results["runs"].items():
-        dataset, method, _ = k.split("/")
-        if "diverged" in v and dataset in datasets and method in methods:
-            counts[f"{METHODS[method].label} on {dataset}"] += 1
-    if not counts:
-        return ""
-    listed = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
-    return (
-        "\nDiverged fits (non-finite gradients; left out of the means, and the cell shows how many splits "
-        f"it averages): {listed}.\n"
-    )
+    left_out = "left out of the means, and the cell shows how many splits it averages"
+    return diverged_note(results["runs"], datasets, methods, lambda m: METHODS[m].label, left_out)
 
 
 def _tau_on_edge(results: dict[str, Any], dataset: str, method: str) -> bool:

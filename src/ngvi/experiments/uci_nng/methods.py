@@ -30,8 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.methods import METHODS as REGISTRY
-from ..core.methods import Method
+from ..core.methods import ProtocolMethod
 
 PRIOR_PREC = 1.0  # η = 1
 TRAIN_SAMPLES = 10
@@ -41,7 +40,7 @@ KFAC_STYLE = {"lr": 1e-3, "momentum": 0.9, "beta": 1e-3, "damping": 0.0, "inv_ev
 
 
 @dataclass(frozen=True)
-class NNGMethod:
+class NNGMethod(ProtocolMethod):
     """A registry method with this protocol's options (besides prior_prec and mc_samples)."""
 
     name: str
@@ -51,14 +50,6 @@ class NNGMethod:
     true_fisher: bool = False  # targets sampled with precision E_q[τ] (updated every step)
     published: str | None = None  # the row of NNG's Table 1 to put beside it
     extrinsic_damping: bool = False  # takes the protocol's γ_ex (``--damping``)
-
-    @property
-    def method(self) -> Method:
-        return REGISTRY[self.name]
-
-    @property
-    def label(self) -> str:
-        return self.method.label
 
 
 def _fisher(options: dict[str, Any]) -> Callable[[int], dict[str, Any]]:

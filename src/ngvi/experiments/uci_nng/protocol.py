@@ -24,6 +24,7 @@ import ngvi
 
 from ..core import models, training
 from ..data import UCISplit
+from ..uci.protocol import tensors
 from .methods import PRIOR_PREC, TRAIN_SAMPLES, NNGMethod
 from .noise import GammaNoise
 
@@ -69,11 +70,7 @@ def fit(method: NNGMethod, dataset: str, split: UCISplit, protocol: Protocol, se
     """Train on ``split``'s training part and evaluate on its test part; returns metrics and timings."""
     start = time.perf_counter()
     torch.manual_seed(seed)
-    std, scaler = split.standardized()
-    x_train = torch.as_tensor(std.x_train, dtype=torch.float32)
-    y_train = torch.as_tensor(std.y_train, dtype=torch.float32).unsqueeze(1)
-    x_test = torch.as_tensor(std.x_test, dtype=torch.float32)
-    y_test = torch.as_tensor(split.y_test, dtype=torch.float64)
+    x_train, y_train, x_test, y_test, scaler = tensors(split)
     n = x_train.shape[0]
     copies = protocol.train_samples if method.copies else 1
     model = models.mlp(x_train.shape[1], protocol.hidden(dataset), 1)

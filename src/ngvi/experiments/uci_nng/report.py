@@ -8,11 +8,19 @@ better" meaning RMSE ≤ published + 2 s.e. (log-likelihood ≥ published − 2 
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..core.report import BOLD_LEGEND, bold_set, figure, fmt_mean_se, markdown_table, mean_se, save_figure
+from ..core.report import (
+    BOLD_LEGEND,
+    bold_set,
+    diverged_note,
+    figure,
+    fmt_mean_se,
+    markdown_table,
+    mean_se,
+    save_figure,
+)
 from ..uci.published import ZHANG2018
 from .methods import METHODS
 
@@ -104,7 +112,9 @@ def table(results: dict[str, Any], datasets: list[str], methods: list[str], comm
     )
     lines.append(_check(results, datasets, methods))
     lines.append(_noise(results, datasets, methods))
-    lines.append(_diverged(results, datasets, methods))
+    lines.append(
+        diverged_note(results["runs"], datasets, methods, lambda m: METHODS[m].label, "left out of the means")
+    )
     return "\n".join(lines)
 
 
@@ -149,18 +159,6 @@ def _noise(results: dict[str, Any], datasets: list[str], methods: list[str]) -> 
         "Gamma(6, 6) on standardised targets), mean ± s.e. over splits.\n\n"
         + markdown_table(["Dataset", *[METHODS[m].label for m in methods]], rows)
     )
-
-
-def _diverged(results: dict[str, Any], datasets: list[str], methods: list[str]) -> str:
-    counts: Counter[str] = Counter()
-    for k, v in results["runs"].items():
-        dataset, method, _ = k.split("/")
-        if "diverged" in v and dataset in datasets and method in methods:
-            counts[f"{METHODS[method].label} on {dataset}"] += 1
-    if not counts:
-        return ""
-    listed = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
-    return f"\nDiverged fits (non-finite gradients; left out of the means): {listed}.\n"
 
 
 def plot(results: dict[str, Any], datasets: list[str], methods: list[str], path: Path) -> None:

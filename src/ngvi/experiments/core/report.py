@@ -37,6 +37,16 @@ def diverged_note(
     return f"\nDiverged fits (non-finite gradients; {left_out}): {listed}.\n"
 
 
+def per_split(results: dict[str, Any], dataset: str, method: str, key: str) -> dict[int, float]:
+    """``key`` of each fit ``dataset/method/<split>`` that did not diverge, by split."""
+    prefix = f"{dataset}/{method}/"
+    return {
+        int(k[len(prefix) :]): v[key]
+        for k, v in results["runs"].items()
+        if k.startswith(prefix) and "diverged" not in v
+    }
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -45,6 +45,23 @@ def _tunes_only_prior_and_noise(method: UCIMethod) -> bool:
     return not method.fixed and not method.tunes_dropout
 
 
+def split_jobs(
+    args: argparse.Namespace,
+    n_splits: dict[str, int],
+    common: dict[str, Any],
+    own: Any = lambda dataset, method: {},
+) -> list[Job]:
+    """One fit per data set, split (the first ``--splits``) and method, keyed ``dataset/method/split``;
+    its spec: which fit, then ``own(dataset, method)``, then ``common``."""
+    jobs = []
+    for dataset in args.datasets:
+        for split in range(min(args.splits or n_splits[dataset], n_splits[dataset])):
+            for name in args.methods:
+                spec = {"dataset": dataset, "split": split, "method": name, **own(dataset, name), **common}
+                jobs.append(Job(job_key(dataset, name, split), spec))
+    return jobs
+
+
 class UCI(Experiment):
     name = "uci"
     requires = ("tqdm", "matplotlib", "scipy", "optuna")
@@ -97,21 +114,13 @@ class UCI(Experiment):
         run.save()
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
-        jobs = []
-        for dataset in args.datasets:
-            for split in range(min(args.splits or self.n_splits[dataset], self.n_splits[dataset])):
-                for name in args.methods:
-                    spec = {
-                        "dataset": dataset,
-                        "split": split,
-                        "method": name,
-                        "hp": run.results["hparams"][job_key(dataset, name)],
-                        "protocol": asdict(Protocol(epochs=args.epochs)),
-                        "seed": args.seed,
-                        "data_dir": args.data_dir,
-                    }
-                    jobs.append(Job(job_key(dataset, name, split), spec))
-        return jobs
+        common = {
+            "protocol": asdict(Protocol(epochs=args.epochs)),
+            "seed": args.seed,
+            "data_dir": args.data_dir,
+        }
+        hparams = run.results["hparams"]
+        return split_jobs(args, self.n_splits, common, lambda d, m: {"hp": hparams[job_key(d, m)]})
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         """One fit on one split (or one CV fold of split 0's training part)."""

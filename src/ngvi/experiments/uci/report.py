@@ -25,20 +25,12 @@ from ..core.report import (
     save_figure,
     verdict,
 )
+from ..core.report import per_split as _per_split  # the name tests/experiments/test_uci.py imports
 from .methods import METHODS
 from .published import DECIMALS, SOURCES, published
 
 METRICS = {"rmse": ("Test RMSE", -1), "loglik": ("Test log-likelihood", +1)}  # sign: +1 higher is better
 SHORT = {"khan2018": "K18", "zhang2018": "Z18"}
-
-
-def _per_split(results: dict[str, Any], dataset: str, method: str, metric: str) -> dict[int, float]:
-    prefix = f"{dataset}/{method}/"
-    return {
-        int(k[len(prefix) :]): v[metric]
-        for k, v in results["runs"].items()
-        if k.startswith(prefix) and "diverged" not in v
-    }
 
 
 def diverged(results: dict[str, Any], datasets: list[str], methods: list[str]) -> str:

@@ -16,23 +16,14 @@ import sys
 from typing import Any
 
 from ..core import args as arg_types
-from ..core.runner import Experiment, Job, Run, job_key
+from ..core.runner import Experiment, Job, Run
 from ..data import load_uci, uci_info
+from ..uci.experiment import STANDARD_SETS, split_jobs
 from .methods import METHODS
 from .protocol import Protocol, fit
 
 #: NNG's Table 1 without year (not in the staged data)
-DATASETS = (
-    "bostonHousing",
-    "concrete",
-    "energy",
-    "kin8nm",
-    "naval-propulsion-plant",
-    "power-plant",
-    "protein-tertiary-structure",
-    "wine-quality-red",
-    "yacht",
-)
+DATASETS = tuple(sorted((*STANDARD_SETS, "protein-tertiary-structure")))
 
 
 class UCINNG(Experiment):
@@ -107,20 +98,8 @@ class UCINNG(Experiment):
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
         if args.report_only:
             return []
-        jobs = []
-        for dataset in args.datasets:
-            for split in range(min(args.splits or self.n_splits[dataset], self.n_splits[dataset])):
-                for name in args.methods:
-                    spec = {
-                        "dataset": dataset,
-                        "split": split,
-                        "method": name,
-                        "protocol": self._protocol(args).asdict(),
-                        "seed": args.seed,
-                        "data_dir": args.data_dir,
-                    }
-                    jobs.append(Job(job_key(dataset, name, split), spec))
-        return jobs
+        common = {"protocol": self._protocol(args).asdict(), "seed": args.seed, "data_dir": args.data_dir}
+        return split_jobs(args, self.n_splits, common)
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         split = load_uci(spec["dataset"], spec["split"], spec["data_dir"])

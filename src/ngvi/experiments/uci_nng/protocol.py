@@ -24,6 +24,7 @@ import ngvi
 
 from ..core import models, training
 from ..data import UCISplit
+from ..uci.protocol import Protocol as UCIProtocol
 from ..uci.protocol import tensors
 from .methods import PRIOR_PREC, TRAIN_SAMPLES, NNGMethod
 from .noise import GammaNoise
@@ -53,9 +54,7 @@ class Protocol:
     def batch_size(dataset: str) -> int:
         return 10 if dataset in SMALL_SETS else 100
 
-    @staticmethod
-    def hidden(dataset: str) -> int:
-        return 100 if dataset == "protein-tertiary-structure" else 50
+    hidden = staticmethod(UCIProtocol.hidden)  # the same network as the Vadam protocol's
 
     def epochs_for(self, dataset: str) -> int:
         return self.epochs if dataset in SMALL_SETS else self.epochs_large

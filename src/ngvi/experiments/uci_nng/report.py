@@ -11,16 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.report import (
-    BOLD_LEGEND,
-    bold_set,
-    diverged_note,
-    figure,
-    fmt_mean_se,
-    markdown_table,
-    mean_se,
-    save_figure,
-)
+from ..core import report as shared
+from ..core.report import BOLD_LEGEND, bold_set, figure, fmt_mean_se, markdown_table, mean_se, save_figure
 from ..uci.published import ZHANG2018
 from .methods import METHODS
 
@@ -28,15 +20,6 @@ METRICS = {"rmse": ("Test RMSE", -1), "loglik": ("Test log-likelihood", +1)}
 #: every column of NNG's Table 1, in its order (PBP has no counterpart among our methods but is shown: it
 #: holds some of the best published cells, e.g. yacht's log-likelihood and wine's RMSE)
 PUBLISHED = ("BBB", "PBP", "NNG-FFG", "NNG-MVG")
-
-
-def _per_split(results: dict[str, Any], dataset: str, method: str, key: str) -> dict[int, float]:
-    prefix = f"{dataset}/{method}/"
-    return {
-        int(k[len(prefix) :]): v[key]
-        for k, v in results["runs"].items()
-        if k.startswith(prefix) and "diverged" not in v
-    }
 
 
 def _published(row: str | None, metric: str, dataset: str) -> tuple[float, float] | None:
@@ -85,7 +68,7 @@ def table(results: dict[str, Any], datasets: list[str], methods: list[str], comm
         columns = ["Dataset", *ours, *[f"{r} [Z18]" for r in PUBLISHED]]
         rows = []
         for d in datasets:
-            per_method = {m: _per_split(results, d, m, metric) for m in methods}
+            per_method = {m: shared.per_split(results, d, m, metric) for m in methods}
             bold = bold_set(per_method, sign)
             row = [d]
             for m in methods:
@@ -113,7 +96,9 @@ def table(results: dict[str, Any], datasets: list[str], methods: list[str], comm
     lines.append(_check(results, datasets, methods))
     lines.append(_noise(results, datasets, methods))
     lines.append(
-        diverged_note(results["runs"], datasets, methods, lambda m: METHODS[m].label, "left out of the means")
+        shared.diverged_note(
+            results["runs"], datasets, methods, lambda m: METHODS[m].label, "left out of the means"
+        )
     )
     return "\n".join(lines)
 
@@ -126,7 +111,7 @@ def _check(results: dict[str, Any], datasets: list[str], methods: list[str]) -> 
     for d in datasets:
         for metric, (title, sign) in METRICS.items():
             pub = _published("NNG-MVG", metric, d)
-            values = _per_split(results, d, "noisy_kfac", metric)
+            values = shared.per_split(results, d, "noisy_kfac", metric)
             if pub is None or not values:
                 continue
             mean, se, n = mean_se(values.values())
@@ -151,7 +136,7 @@ def _noise(results: dict[str, Any], datasets: list[str], methods: list[str]) -> 
     for d in datasets:
         row = [d]
         for m in methods:
-            values = _per_split(results, d, m, "noise_std")
+            values = shared.per_split(results, d, m, "noise_std")
             row.append(fmt_mean_se(*mean_se(values.values())[:2]) if values else "—")
         rows.append(row)
     return (
@@ -168,7 +153,7 @@ def plot(results: dict[str, Any], datasets: list[str], methods: list[str], path:
     colours = dict(zip(PUBLISHED, ("tab:gray", "tab:olive", "tab:cyan", "tab:pink"), strict=True))
     for ax, d in zip(axes, datasets, strict=True):
         for i, m in enumerate(methods):
-            values = _per_split(results, d, m, "rmse")
+            values = shared.per_split(results, d, m, "rmse")
             if not values:
                 continue
             mean, se, _ = mean_se(values.values())

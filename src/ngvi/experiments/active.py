@@ -48,7 +48,6 @@ class Active(Experiment):
     name = "active"
     requires = ("tqdm", "matplotlib", "scipy", "pyro")
     help = "NNG Table 3: active learning (max predictive variance vs random) on UCI, test RMSE, with HMC"
-    default_out = "runs/active"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         method_argument(parser)

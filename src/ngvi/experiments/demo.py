@@ -67,7 +67,6 @@ class Demo(Experiment):
     name = "demo"
     requires = ("tqdm", "matplotlib", "pyro")
     help = "train every optimizer on a 1-D toy regression and plot the predictive bands (~30 s)"
-    default_out = "runs/demo"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--methods", OPTIONS)

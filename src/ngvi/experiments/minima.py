@@ -154,7 +154,6 @@ def _train(
 class Minima(Experiment):
     name = "minima"
     help = "variational optimisation (Vadam to VadaGrad) against gradient descent on a 2-D landscape (App. L)"
-    default_out = "runs/minima"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_count(parser, "--steps", 5000, "iterations per run (default 5000)")

@@ -87,7 +87,6 @@ class NNGPrecision(Experiment):
     name = "nng-precision"
     requires = ("tqdm", "matplotlib", "scipy")
     help = "NNG's Fig. 1: normalised precision matrices of NNG-full, FFG, MVG and BlkTri on Boston"
-    default_out = "runs/nng-precision"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         arg_types.add_count(parser, "--epochs", 300, "epochs (default 300)")

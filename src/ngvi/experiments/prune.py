@@ -89,7 +89,6 @@ def pruning_curve(
 class Prune(Experiment):
     name = "prune"
     help = "prune MNIST weights by |μ|/σ and by |μ|: test accuracy against the fraction pruned (BADAM Fig. 2)"
-    default_out = "runs/prune"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--methods", OPTIONS)

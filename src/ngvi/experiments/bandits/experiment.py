@@ -53,7 +53,6 @@ def _deltas(text: str) -> list[float]:
 class Bandits(Experiment):
     name = "bandits"
     help = "contextual bandits with Thompson sampling (BADAM Table 1, Riquelme et al. 2018)"
-    default_out = "runs/bandits"
 
     examples = (
         "ngvi bandits --datasets mushroom --contexts 2000 --runs 10",

@@ -23,7 +23,6 @@ def _default_device() -> torch.device:
 class Bench(Experiment):
     name = "bench"
     help = "step time and peak memory of every optimizer against torch.optim.Adam and the floor (~15 min)"
-    default_out = "runs/bench"
     parallel = False  # timings: one job after another, in this process
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

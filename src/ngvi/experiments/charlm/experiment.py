@@ -99,7 +99,6 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
 class CharLM(Experiment):
     name = "charlm"
     help = "a character-level LSTM trained with SGD, AdaGrad, Adam, VadaGrad, Vadam, IVON (App. M, Fig. 8)"
-    default_out = "runs/charlm"
     examples = (
         "ngvi charlm --quick --jobs 1    # a smoke run in seconds",
         "ngvi charlm --jobs 1    # docs/results/charlm (its defaults; about 30 min on one core)",

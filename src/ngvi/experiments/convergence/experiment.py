@@ -95,7 +95,6 @@ class Convergence(Experiment):
     name = "convergence"
     requires = ("tqdm", "matplotlib", "scipy")
     help = "test log-loss against iterations for BBVI, Vadam, VOGN and IVON (Khan et al. 2018, Fig. 3 left)"
-    default_out = "runs/convergence"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(

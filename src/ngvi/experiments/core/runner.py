@@ -51,17 +51,22 @@ def job_key(*parts: Any) -> str:
 
 
 class Experiment:
-    """Subclass and set ``name``, ``help`` and ``default_out``; override the methods below."""
+    """Subclass and set ``name`` and ``help`` (``default_out`` too where ``runs/<name>`` will not do);
+    override the methods below."""
 
     name: str = ""
     help: str = ""
-    default_out: str = ""
     #: jobs may run in worker processes (False: in this process, one after another, e.g. timings)
     parallel: bool = True
     #: the packages of the ``experiments`` extra that the command imports (checked before any work)
     requires: tuple[str, ...] = ("tqdm", "matplotlib")
     #: example command lines (with a comment each) for the end of ``ngvi <name> --help``
     examples: tuple[str, ...] = ()
+
+    @property
+    def default_out(self) -> str:
+        """The results folder when ``--out`` is not given."""
+        return f"runs/{self.name}" if self.name else ""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The experiment's own arguments (``--out`` and, if parallel, ``--jobs`` are added for it)."""

@@ -65,7 +65,6 @@ class HMC(Experiment):
     name = "hmc"
     requires = ("tqdm", "matplotlib", "scipy", "pyro")
     help = "NNG Table 4: correlation of each method's predictive variances with HMC's (pyro NUTS) on UCI"
-    default_out = "runs/hmc"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         method_argument(parser)

@@ -35,7 +35,6 @@ class LogReg(Experiment):
     name = "logreg"
     requires = ("tqdm", "matplotlib", "scipy")
     help = "Bayesian logistic regression against MF-Exact (Khan et al. 2018, §6.1, Fig. 2)"
-    default_out = "runs/logreg"
 
     examples = (
         "ngvi logreg --quick                      # every part, tiny budgets (a smoke run)",

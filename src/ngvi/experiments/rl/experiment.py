@@ -46,7 +46,6 @@ class RL(Experiment):
     name = "rl"
     requires = ("tqdm", "matplotlib", "gymnasium", "stable_baselines3")
     help = "DDPG with the actor sampled from q at every step (Khan et al. 2018, App. K): test return vs steps"
-    default_out = "runs/rl"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--variants", VARIANTS)

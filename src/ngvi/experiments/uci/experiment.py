@@ -66,7 +66,6 @@ class UCI(Experiment):
     name = "uci"
     requires = ("tqdm", "matplotlib", "scipy", "optuna")
     help = "the UCI regression benchmark (Khan et al. 2018 and Zhang et al. 2018, Table 1)"
-    default_out = "runs/uci"
 
     examples = (
         "ngvi uci --datasets yacht,concrete --methods vadam,bbvi --splits 20 --tune none",

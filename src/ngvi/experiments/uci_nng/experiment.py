@@ -30,7 +30,6 @@ class UCINNG(Experiment):
     name = "uci-nng"
     requires = ("tqdm", "matplotlib", "scipy")
     help = "the UCI regression benchmark under NNG's protocol (Zhang et al. 2018, §5.1, Table 1)"
-    default_out = "runs/uci-nng"
 
     examples = (
         "ngvi uci-nng --datasets yacht --methods noisy_kfac --splits 3",

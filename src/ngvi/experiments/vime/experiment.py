@@ -39,7 +39,6 @@ class VIME(Experiment):
     name = "vime"
     requires = ("tqdm", "matplotlib", "gymnasium", "sb3_contrib")
     help = "VIME's information-gain bonus with a BBB or NNG-MVG dynamics model vs TRPO (NNG §5.4, Fig. 3)"
-    default_out = "runs/vime"
     examples = (
         "ngvi vime --quick                      # CI smoke run: mountain car, 3 iterations, 1 seed",
         "ngvi vime --tasks mountain_car --seeds 10 --iterations 100 --steps 5000   # nearer the paper",

@@ -94,7 +94,6 @@ def default_methods() -> list[str]:
 class Classify(Experiment):
     name = "classify"
     help = "image classification: accuracy, calibration (ECE, reliability), OOD entropy and rotation shift"
-    default_out = "runs/classify"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         known = [*MNIST_METHODS, *OPTIONAL_METHODS]

@@ -122,3 +122,23 @@ def test_bench_table_has_the_floor_kfac_and_spread_columns():
     assert "| noisy K-FAC | 50.0 | +0/+20% | 5.00× | 4.00× | – | – | 1.25× | – |" in text
     assert "| Vadam | 20.0 | -10/+25% | 2.00× | 1.60× | – | – | – | – |" in text
     assert "| vadam time ≤ 1.25× the floor | 1.60 | **missed** |" in text
+
+
+def test_reference_packages_are_checked_by_import_not_by_the_registry(monkeypatch):
+    """ivon-opt's package is called ``ivon``, which is also a registry method: without it the reference is
+    reported missing instead of failing the run."""
+    import builtins
+
+    from ngvi.experiments.bench.methods import availability, methods
+
+    real = builtins.__import__
+
+    def no_ivon(name, *args, **kwargs):
+        if name == "ivon":
+            raise ModuleNotFoundError("No module named 'ivon'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ivon)
+    monkeypatch.delitem(__import__("sys").modules, "ivon", raising=False)
+    assert "`ivon` not importable" in availability(methods()["ivon-opt"])
+    assert availability(methods()["ivon"]) is None

@@ -30,7 +30,7 @@ Build = Callable[[nn.Module, torch.Tensor, torch.Tensor], Step]
 class Method:
     label: str
     build: Build
-    requires: str = ""  # a method of the registry ("vogn") or a package that must import ("ivon")
+    requires: str = ""  # a method of the registry ("vogn") or a package that must import ("package:ivon")
     amortised: bool = False  # report the mean over whole cycles, not the median step
     cycle: int = 1
 
@@ -169,9 +169,9 @@ def methods(noise_variants: bool = False) -> dict[str, Method]:
             amortised=cycle > 1,
             cycle=cycle,
         )
-    out["ivon-opt"] = Method("ivon-opt IVON (reference)", _ivon_opt, requires="ivon")
+    out["ivon-opt"] = Method("ivon-opt IVON (reference)", _ivon_opt, requires="package:ivon")
     out["backpack"] = Method(
-        "BackPACK SumGradSquared + Adam (reference)", _backpack_sgs_adam, requires="backpack"
+        "BackPACK SumGradSquared + Adam (reference)", _backpack_sgs_adam, requires="package:backpack"
     )
     if noise_variants:
         for name in ("vadam", "ivon"):
@@ -185,10 +185,11 @@ def availability(method: Method) -> str | None:
     """None if the method can run here, else why not."""
     if not method.requires:
         return None
-    if method.requires in REGISTRY:
+    package = method.requires.removeprefix("package:")
+    if package == method.requires:  # "ivon" is a registry method too: packages are named as such
         return None if REGISTRY[method.requires].available() else "not available in this build"
     try:
-        importlib.import_module(method.requires)
+        importlib.import_module(package)
     except Exception as err:  # an installed package that fails with this torch says so here
-        return f"`{method.requires}` not importable ({type(err).__name__}: {err})"[:160]
+        return f"`{package}` not importable ({type(err).__name__}: {err})"[:160]
     return None

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ...optim.engine.chunked import chunked_normal_
 from ...optim.kronecker import DEFAULTS as KRONECKER_DEFAULTS
 from ..core import training
 from ..core.methods import METHODS as REGISTRY
@@ -51,6 +52,21 @@ def _floor(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
     def step() -> Any:
         for b in buffers:
             b.normal_(generator=generator)
+        return adam()
+
+    return step
+
+
+def _floor_chunked(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    """The floor with ``noise="chunked"``'s draw: chunks from their own generators, on torch's threads."""
+    adam = _adam(model, x, y)
+    buffers = [torch.empty_like(p) for p in model.parameters()]
+    draws = iter(range(1 << 62))
+
+    def step() -> Any:
+        t = next(draws)
+        for i, b in enumerate(buffers):
+            chunked_normal_(b, 0, t, i)
         return adam()
 
     return step
@@ -113,6 +129,9 @@ DEFAULT_RULES = (
 #: options beside the defaults: ngvi.baselines.KFAC, the reference of "× K-FAC", takes the step settings of
 #: noisy K-FAC's defaults explicitly (the family's, read here), so the two rows differ only by the noise
 OPTIONS: dict[str, dict[str, Any]] = {
+    "von": {
+        "lr": 0.01
+    },  # the default lr=0.1 diverges within the bench's steps (random labels); lr costs nothing
     "kfac": {k: KRONECKER_DEFAULTS[k] for k in ("lr", "beta", "momentum", "init_prec", "inv_every")},
 }
 #: extra rows, labelled: the settings of the recorded runs (the papers' rules: init_prec=100, independent
@@ -120,7 +139,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
 PINNED: dict[str, dict[str, Any]] = {
     "vadam": {"init_prec": 100.0},
     "vprop": {"init_prec": 100.0, "noise": "normal"},
-    "von": {"init_prec": 100.0, "momentum": 0.0},
+    "von": {"init_prec": 100.0, "momentum": 0.0, "lr": 0.01},
     "vogn": {"momentum": 0.0},
     "noisy_kfac": {"momentum": 0.0},
 }
@@ -138,12 +157,19 @@ def methods(noise_variants: bool = False) -> dict[str, Method]:
     out = {
         "adam": Method("torch.optim.Adam (foreach)", _adam),
         "floor": Method("floor: Adam + one N(0,1) draw per weight", _floor),
+        "floor-chunked": Method("floor with noise='chunked' (parallel chunks)", _floor_chunked),
     }
+    for name in COMPILED[:2]:
+        out[f"{name}-chunked"] = Method(
+            f"ngvi.{REGISTRY[name].cls}, noise='chunked'", ngvi_method(name, noise="chunked")
+        )
     for name in DEFAULT_RULES:
         registered = REGISTRY[name]
         cycle = KFAC_CYCLE.get(name, 1)
         amortised = f" (amortised over inv_every={cycle})" if cycle > 1 else ""
-        label = f"ngvi.{registered.cls}" + amortised
+        label = (
+            f"ngvi.{registered.cls}" + (f", {_options(OPTIONS[name])}" if name in OPTIONS else "") + amortised
+        )
         if name == "noisy_kfac":
             label = f"ngvi.NoisyKFAC, sampling='auto' (the default){amortised}"
         out[name] = Method(
@@ -159,7 +185,11 @@ def methods(noise_variants: bool = False) -> dict[str, Method]:
             )
     for name in COMPILED:
         cls = REGISTRY[name].cls
-        out[f"{name}-compiled"] = Method(f"ngvi.{cls}, compile=True", ngvi_method(name, compile=True))
+        options = OPTIONS.get(name, {})
+        out[f"{name}-compiled"] = Method(
+            f"ngvi.{cls}, compile=True" + (f", {_options(options)}" if options else ""),
+            ngvi_method(name, compile=True, **options),
+        )
     for name, options in PINNED.items():
         cycle = KFAC_CYCLE.get(name, 1)
         out[f"{name}-pinned"] = Method(

@@ -75,3 +75,70 @@ def test_kfac_flop_floor_counts_the_layers():
     }
     text = _kfac_floor(res)
     assert "| noisy K-FAC | 50.0 | 5.00× | 1.25× | 2.50× |" in text and "| floor |" in text
+
+
+def test_bench_times_the_defaults_and_labels_the_pinned_rows():
+    """Each rule's row is the optimizer as a user builds it (issue 22: the bench timed init_prec=100); the
+    recorded runs' settings are extra rows that say so."""
+    import torch
+    from torch import nn
+
+    from ngvi.experiments.bench.methods import COMPILED, methods
+
+    timed = methods()
+    assert set(COMPILED) == {"vadam", "vprop", "von", "ivon", "noisy_adam", "vadagrad"}
+    model = nn.Linear(3, 2)
+    step = timed["vadam"].build(model, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    (opt,) = [c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, torch.optim.Optimizer)]
+    assert opt.param_groups[0]["init_prec"] == "auto"
+    assert timed["vprop"].build(model, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    assert "init_prec=100.0" in timed["vadam-pinned"].label and "recorded runs" in timed["vadam-pinned"].label
+
+
+def test_bench_table_has_the_floor_kfac_and_spread_columns():
+    from ngvi.experiments.bench.report import table
+
+    row = {"label": "x", "seconds": 0.02, "fastest": 0.018, "slowest": 0.025}
+    res = {
+        "problem": "p",
+        "params": 10,
+        "methods": {
+            "adam": {**row, "label": "Adam", "seconds": 0.01},
+            "floor": {**row, "label": "floor", "seconds": 0.0125},
+            "kfac": {**row, "label": "K-FAC", "seconds": 0.04},
+            "noisy_kfac": {**row, "label": "noisy K-FAC", "seconds": 0.05, "fastest": 0.05, "slowest": 0.06},
+            "vadam": {**row, "label": "Vadam"},
+        },
+    }
+    text = table(
+        {
+            "environment": {"torch": "t", "device": "cpu", "threads": 1, "processor": "x"},
+            "problems": {"mlp": res},
+        }
+    )
+    assert (
+        "| method | step [ms] | spread | × Adam | × floor |" in text and "| × K-FAC | × FLOP floor |" in text
+    )
+    assert "| noisy K-FAC | 50.0 | +0/+20% | 5.00× | 4.00× | – | – | 1.25× | – |" in text
+    assert "| Vadam | 20.0 | -10/+25% | 2.00× | 1.60× | – | – | – | – |" in text
+    assert "| vadam time ≤ 1.25× the floor | 1.60 | **missed** |" in text
+
+
+def test_reference_packages_are_checked_by_import_not_by_the_registry(monkeypatch):
+    """ivon-opt's package is called ``ivon``, which is also a registry method: without it the reference is
+    reported missing instead of failing the run."""
+    import builtins
+
+    from ngvi.experiments.bench.methods import availability, methods
+
+    real = builtins.__import__
+
+    def no_ivon(name, *args, **kwargs):
+        if name == "ivon":
+            raise ModuleNotFoundError("No module named 'ivon'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ivon)
+    monkeypatch.delitem(__import__("sys").modules, "ivon", raising=False)
+    assert "`ivon` not importable" in availability(methods()["ivon-opt"])
+    assert availability(methods()["ivon"]) is None

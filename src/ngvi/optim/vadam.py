@@ -49,12 +49,16 @@ def start_weight() -> float:
 
 
 def decayed_start_shift(group: dict[str, Any], states: list[dict[str, Any]]) -> Any:
-    """λ + N·w·s₀ per tensor: the shift of the precision N·v + shift when the state keeps the data part v of
-    s = w·s₀ + v (``step_moment="debiased"``); λ itself where s₀ = 0 or for ``"paper"``."""
+    """λ + N·w·s₀: the shift of the precision N·v + shift when the state keeps the data part v of
+    s = w·s₀ + v (``step_moment="debiased"``); λ itself where s₀ = 0 or for ``"paper"``. One number when all
+    ``states`` share w (the compiled core then guards one input, not one per tensor), else one per tensor."""
     s0 = initial_curvature_value(group)
     if group["step_moment"] == "paper" or s0 == 0:
         return group["prior_prec"]
     n = group["data_size"]
+    weights = {st["start_weight"] for st in states}
+    if len(weights) == 1:  # tensors that stepped together share w: one number (the same float in each)
+        return group["prior_prec"] + n * s0 * weights.pop()
     return [group["prior_prec"] + n * s0 * st["start_weight"] for st in states]
 
 

@@ -125,12 +125,16 @@ def peak_memory(build: Callable[[], Step], device: torch.device, steps: int = 3)
     return int(max(e["Total Allocated"] for e in mem) - base)
 
 
-def summarise(method: Method, times: list[float]) -> float:
-    """Seconds per step: the median, or for amortised methods the mean over whole cycles."""
-    if method.amortised:
-        whole = len(times) - len(times) % method.cycle
-        return statistics.fmean(times[:whole] if whole else times)
-    return statistics.median(times)
+def round_means(times: list[float], per_round: int) -> list[float]:
+    """The mean step of each round (``per_round`` consecutive steps: whole cycles for amortised methods)."""
+    return [statistics.fmean(times[i : i + per_round]) for i in range(0, len(times), per_round)]
+
+
+def summarise(times: list[float], per_round: int) -> dict[str, float]:
+    """Seconds per step: the median over rounds of each round's mean step, with the rounds' spread (the
+    fastest and slowest round), so one disturbed round moves neither the number nor the others."""
+    means = round_means(times, per_round)
+    return {"seconds": statistics.median(means), "fastest": min(means), "slowest": max(means)}
 
 
 def run_problem(
@@ -147,12 +151,12 @@ def run_problem(
     steppers, per_round = {}, {}
     for name, method in chosen.items():
         steppers[name] = method.build(problem.model(device), x, y)
-        per_round[name] = max(steps, method.cycle) if method.amortised else steps
+        per_round[name] = -(-steps // method.cycle) * method.cycle  # whole cycles
     times = time_steps(steppers, device, warmup, rounds, per_round, bar)
     del steppers
     out: dict[str, Any] = {"problem": problem.name, "params": problem.num_params(), "methods": {}}
     for name, method in chosen.items():
-        entry = {"label": method.label, "seconds": summarise(method, times[name]), "n": len(times[name])}
+        entry = {"label": method.label, **summarise(times[name], per_round[name]), "n": len(times[name])}
         entry["median"] = statistics.median(times[name])
         entry["mean"] = statistics.fmean(times[name])
         if memory:

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ...optim.engine.chunked import chunked_normal_
+from ...optim.kronecker import DEFAULTS as KRONECKER_DEFAULTS
 from ..core import training
 from ..core.methods import METHODS as REGISTRY
 
@@ -29,7 +31,7 @@ Build = Callable[[nn.Module, torch.Tensor, torch.Tensor], Step]
 class Method:
     label: str
     build: Build
-    requires: str = ""  # a method of the registry ("vogn") or a package that must import ("ivon")
+    requires: str = ""  # a method of the registry ("vogn") or a package that must import ("package:ivon")
     amortised: bool = False  # report the mean over whole cycles, not the median step
     cycle: int = 1
 
@@ -50,6 +52,21 @@ def _floor(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
     def step() -> Any:
         for b in buffers:
             b.normal_(generator=generator)
+        return adam()
+
+    return step
+
+
+def _floor_chunked(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    """The floor with ``noise="chunked"``'s draw: chunks from their own generators, on torch's threads."""
+    adam = _adam(model, x, y)
+    buffers = [torch.empty_like(p) for p in model.parameters()]
+    draws = iter(range(1 << 62))
+
+    def step() -> Any:
+        t = next(draws)
+        for i, b in enumerate(buffers):
+            chunked_normal_(b, 0, t, i)
         return adam()
 
     return step
@@ -104,61 +121,92 @@ def _backpack_sgs_adam(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> St
     return step
 
 
-#: each registry method's options here (beside data_size): the weight-perturbation rules start at init_prec;
-#: the work per step is that of the recorded runs (independent noise, no natural momentum)
+#: the registry's methods timed as a user builds them: ``cls(params, data_size=N)``, every other option at its
+#: default (Vprop's default noise is antithetic, VON's and the K-FAC family's momentum 0.5, ...)
+DEFAULT_RULES = (
+    "vadam", "vprop", "von", "vadagrad", "ivon", "noisy_adam", "badam", "vogn", "noisy_kfac", "kfac", "bbvi",
+)  # fmt: skip
+#: options beside the defaults: ngvi.baselines.KFAC, the reference of "× K-FAC", takes the step settings of
+#: noisy K-FAC's defaults explicitly (the family's, read here), so the two rows differ only by the noise
 OPTIONS: dict[str, dict[str, Any]] = {
-    "vadam": {"init_prec": 100.0, "seed": 0},
-    "vprop": {"init_prec": 100.0, "noise": "normal", "seed": 0},
-    "von": {"init_prec": 100.0, "momentum": 0.0, "seed": 0},
-    "ivon": {"seed": 0},
-    "noisy_adam": {"seed": 0},
-    "badam": {"seed": 0},
-    "vogn": {"momentum": 0.0, "seed": 0},
-    "noisy_kfac": {"inv_every": 20, "momentum": 0.0, "seed": 0},
-    "kfac": {"lr": 1e-3, "beta": 0.01, "inv_every": 20, "momentum": 0.0, "init_prec": None, "seed": 0},
-    "bbvi": {"lr": 1e-3, "seed": 0},
+    "von": {
+        "lr": 0.01
+    },  # the default lr=0.1 diverges within the bench's steps (random labels); lr costs nothing
+    "kfac": {k: KRONECKER_DEFAULTS[k] for k in ("lr", "beta", "momentum", "init_prec", "inv_every")},
+}
+#: extra rows, labelled: the settings of the recorded runs (the papers' rules: init_prec=100, independent
+#: noise, no natural momentum), which the bench timed before it timed the defaults
+PINNED: dict[str, dict[str, Any]] = {
+    "vadam": {"init_prec": 100.0},
+    "vprop": {"init_prec": 100.0, "noise": "normal"},
+    "von": {"init_prec": 100.0, "momentum": 0.0, "lr": 0.01},
+    "vogn": {"momentum": 0.0},
+    "noisy_kfac": {"momentum": 0.0},
 }
 #: the K-FAC family: timed as the mean over whole inversion cycles (their amortised step)
 KFAC_CYCLE = {"noisy_kfac": 20, "kfac": 20}
-COMPILED = ("vadam", "vprop", "ivon")
+#: the diagonal rules whose defaults are also timed with ``compile=True``
+COMPILED = ("vadam", "vprop", "von", "vadagrad", "ivon", "noisy_adam")
+
+
+def _options(options: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in options.items())
 
 
 def methods(noise_variants: bool = False) -> dict[str, Method]:
     out = {
         "adam": Method("torch.optim.Adam (foreach)", _adam),
         "floor": Method("floor: Adam + one N(0,1) draw per weight", _floor),
+        "floor-chunked": Method("floor with noise='chunked' (parallel chunks)", _floor_chunked),
     }
-    for name, options in OPTIONS.items():
+    for name in COMPILED[:2]:
+        out[f"{name}-chunked"] = Method(
+            f"ngvi.{REGISTRY[name].cls}, noise='chunked'", ngvi_method(name, noise="chunked")
+        )
+    for name in DEFAULT_RULES:
         registered = REGISTRY[name]
         cycle = KFAC_CYCLE.get(name, 1)
-        label = f"ngvi.{registered.cls}" + (f" (amortised over inv_every={cycle})" if cycle > 1 else "")
+        amortised = f" (amortised over inv_every={cycle})" if cycle > 1 else ""
+        label = (
+            f"ngvi.{registered.cls}" + (f", {_options(OPTIONS[name])}" if name in OPTIONS else "") + amortised
+        )
         if name == "noisy_kfac":
-            label = f"ngvi.NoisyKFAC, sampling='auto' (the default; amortised over inv_every={cycle})"
+            label = f"ngvi.NoisyKFAC, sampling='auto' (the default){amortised}"
         out[name] = Method(
-            label, ngvi_method(name, **options), requires=name, amortised=cycle > 1, cycle=cycle
+            label, ngvi_method(name, **OPTIONS.get(name, {})), requires=name, amortised=cycle > 1, cycle=cycle
         )
         if name == "noisy_kfac":  # the paper's form (Alg. 2): one weight draw for the minibatch
             out["noisy_kfac-weights"] = Method(
-                f"ngvi.NoisyKFAC, sampling='weights' (amortised over inv_every={cycle})",
-                ngvi_method(name, sampling="weights", **options),
+                f"ngvi.NoisyKFAC, sampling='weights'{amortised}",
+                ngvi_method(name, sampling="weights"),
                 requires=name,
                 amortised=True,
                 cycle=cycle,
             )
     for name in COMPILED:
         cls = REGISTRY[name].cls
+        options = OPTIONS.get(name, {})
         out[f"{name}-compiled"] = Method(
-            f"ngvi.{cls}, compile=True", ngvi_method(name, compile=True, **OPTIONS[name])
+            f"ngvi.{cls}, compile=True" + (f", {_options(options)}" if options else ""),
+            ngvi_method(name, compile=True, **options),
         )
-    out["ivon-opt"] = Method("ivon-opt IVON (reference)", _ivon_opt, requires="ivon")
+    for name, options in PINNED.items():
+        cycle = KFAC_CYCLE.get(name, 1)
+        out[f"{name}-pinned"] = Method(
+            f"ngvi.{REGISTRY[name].cls}, {_options(options)} (recorded runs' settings)",
+            ngvi_method(name, **options),
+            requires=name,
+            amortised=cycle > 1,
+            cycle=cycle,
+        )
+    out["ivon-opt"] = Method("ivon-opt IVON (reference)", _ivon_opt, requires="package:ivon")
     out["backpack"] = Method(
-        "BackPACK SumGradSquared + Adam (reference)", _backpack_sgs_adam, requires="backpack"
+        "BackPACK SumGradSquared + Adam (reference)", _backpack_sgs_adam, requires="package:backpack"
     )
     if noise_variants:
         for name in ("vadam", "ivon"):
-            options = {**OPTIONS[name], "noise": "antithetic"}
             out[f"{name}-antithetic"] = Method(
-                f"ngvi.{REGISTRY[name].cls}, noise='antithetic'", ngvi_method(name, **options)
+                f"ngvi.{REGISTRY[name].cls}, noise='antithetic'", ngvi_method(name, noise="antithetic")
             )
     return out
 
@@ -167,10 +215,11 @@ def availability(method: Method) -> str | None:
     """None if the method can run here, else why not."""
     if not method.requires:
         return None
-    if method.requires in REGISTRY:
+    package = method.requires.removeprefix("package:")
+    if package == method.requires:  # "ivon" is a registry method too: packages are named as such
         return None if REGISTRY[method.requires].available() else "not available in this build"
     try:
-        importlib.import_module(method.requires)
+        importlib.import_module(package)
     except Exception as err:  # an installed package that fails with this torch says so here
-        return f"`{method.requires}` not importable ({type(err).__name__}: {err})"[:160]
+        return f"`{package}` not importable ({type(err).__name__}: {err})"[:160]
     return None

@@ -5,6 +5,9 @@ bit-identical. Each draw takes ε parameter by parameter in group order, with ``
 
 * ``mode="antithetic"``: samples come in pairs (ε, −ε). The first of a pair remembers the RNG state it
   started from (``pair_start``); the second negates the kept buffers instead of drawing.
+* ``mode="chunked"``: independent ε as ``"normal"``, drawn in chunks from generators seeded by (seed, draw
+  count, parameter, chunk) on several threads (:mod:`.chunked`): the same ε at any thread count, another
+  stream than ``"normal"``'s.
 * ``dtype``: draw ε in another floating dtype (float32 noise for float64 parameters is ~4× faster on CPU).
 * ``rank_noise="independent"`` under ``torch.distributed``: each draw reseeds from (seed, rank, draw count),
   so every rank's sample is its own MC sample; ``"shared"`` (default) keeps rank 0's stream on all ranks.
@@ -23,10 +26,11 @@ from torch import Tensor
 
 from ... import _validation as check
 from ... import distributed as dist_util
+from .chunked import chunked_normal_
 
 __all__ = ["NOISES", "NoiseCheckpoint", "NoiseSource"]
 
-NOISES = ("normal", "antithetic")
+NOISES = ("normal", "antithetic", "chunked")
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class NoiseSource:
 
     Args:
         seed: the seed of every generator (rank 0's under ``torch.distributed``).
-        mode: ``"normal"`` or ``"antithetic"``.
+        mode: ``"normal"``, ``"antithetic"`` or ``"chunked"``.
         dtype: dtype of ε (``None``: the parameter's).
         rank_noise: ``"shared"`` or ``"independent"`` (see :mod:`ngvi.distributed`).
         keep: keep each parameter's ε after the draw (the rule's curvature reads it); antithetic noise
@@ -83,6 +87,7 @@ class NoiseSource:
         self._buffers: dict[Tensor, Tensor] = {}  # ε of the current sample (keep, antithetic)
         self._negated = False  # antithetic: the buffers hold −ε
         self._reseed_to: int | None = None
+        self._index = 0  # chunked: the position of the next parameter in the current draw
 
     # -- generators and their state --------------------------------------------------------------------
     def generator(self, device: torch.device) -> torch.Generator:
@@ -123,6 +128,7 @@ class NoiseSource:
             for gen in self._generators.values():
                 gen.manual_seed(seed)
             self._reseed_to = seed  # generators created later in this draw start here too
+        self._index = 0
         reuse = self.mode == "antithetic" and self.pair_start is not None
         if self.mode == "antithetic" and not reuse:
             for p in params:  # the generators this draw will use exist before the pair's state is taken
@@ -152,13 +158,13 @@ class NoiseSource:
         if buf is None:
             buf = self._buffers[p] = torch.empty_like(p, memory_format=torch.preserve_format)
         if self.dtype in (None, p.dtype):
-            return buf.normal_(generator=self.generator(p.device))
+            return self._fill(buf)
         return buf.copy_(self._normal_like(p))
 
     def into(self, p: Tensor) -> Tensor:
         """Draw ε straight into p (no buffer: the fast path when nothing reads ε later); returns p."""
         if self.dtype in (None, p.dtype) and p.is_contiguous():
-            return p.normal_(generator=self.generator(p.device))
+            return self._fill(p)
         return p.copy_(self._normal_like(p))
 
     def zeros(self, p: Tensor) -> Tensor:
@@ -171,7 +177,16 @@ class NoiseSource:
 
     def _normal_like(self, p: Tensor) -> Tensor:
         buf = torch.empty_like(p, dtype=self.dtype or p.dtype, memory_format=torch.preserve_format)
-        return buf.normal_(generator=self.generator(p.device))
+        return self._fill(buf)
+
+    def _fill(self, out: Tensor) -> Tensor:
+        """``out`` ← N(0, I): from the device's generator, or (chunked) from (seed, draw, position)."""
+        if self.mode != "chunked" or not out.is_contiguous():
+            return out.normal_(generator=self.generator(out.device))
+        self.generator(out.device)  # exists, as after any draw: the state (and its checks) expect it
+        seed = self._reseed_to if self._reseed_to is not None else self.seed
+        self._index += 1
+        return chunked_normal_(out, seed, self.num_draws, self._index - 1)
 
     @torch.no_grad()
     def redraw_pair(self, params: list[Tensor]) -> None:

@@ -62,7 +62,8 @@ class VariationalOptimizer(Optimizer):
         curvature: the estimator of ĥ (None for rules that need none).  plugins: more sample-scope plugins.
         seed: seed of the optimizer's own generators (``None``: drawn from torch's global RNG).
         skip_nonfinite: skip (and count) a non-finite step instead of raising NonFiniteGradientError.
-        noise: ``"normal"`` or ``"antithetic"`` (pairs ε, −ε: half the noise cost, one buffer more).
+        noise: ``"normal"``, ``"antithetic"`` (pairs ε, −ε: half the noise cost, one buffer more) or
+            ``"chunked"`` (independent ε drawn in seeded chunks on several threads, :mod:`.chunked`).
         noise_dtype: dtype of ε (``torch.float32`` for float64 parameters draws ~4× faster on CPU).
         rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
         compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).

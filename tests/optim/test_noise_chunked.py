@@ -58,6 +58,7 @@ def _model() -> torch.nn.Module:
 
 def _train(opt, model, steps: int) -> None:
     x, y = torch.randn(32, 300, generator=torch.Generator().manual_seed(1)), torch.arange(32) % 3
+
     def closure():
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)

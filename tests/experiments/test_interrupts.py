@@ -15,35 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive, descendants
 
 from ngvi.experiments.core import runner
 from ngvi.experiments.core.runner import Experiment, Workers
-
-
-def _children(pid: int) -> set[int]:
-    """All descendants of ``pid`` (from /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, todo = set(), [pid]
-    while todo:
-        parent = todo.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found.update(kids)
-        todo += kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "Z" not in (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
@@ -71,7 +46,7 @@ def test_interrupt_ends_every_worker_and_keeps_the_results(tmp_path, how, data_d
     else:
         proc.kill()
         pytest.fail("no fit finished within 60 s")
-    workers = _children(proc.pid)
+    workers = descendants(proc.pid)
     assert workers, "the run has no worker processes"
     if how == "SIGTERM":
         proc.send_signal(signal.SIGTERM)
@@ -84,7 +59,7 @@ def test_interrupt_ends_every_worker_and_keeps_the_results(tmp_path, how, data_d
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "rerun the same command to resume" in err
     time.sleep(0.5)
-    assert not [p for p in workers if _alive(p)], "worker processes outlived the run"
+    assert not [p for p in workers if alive(p)], "worker processes outlived the run"
     kept = json.loads(results.read_text())["runs"]
     assert 1 <= len(kept) < 20
     assert all(r["rmse"] > 0 for r in kept.values())
@@ -149,9 +124,9 @@ def test_workers_exit_when_the_main_process_is_killed(tmp_path):
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 5
-        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [p for p in workers if _alive(p)], "workers kept running after their parent was killed"
+        assert not [p for p in workers if alive(p)], "workers kept running after their parent was killed"
     finally:
         proc.kill()
         for pid in workers:

@@ -9,7 +9,6 @@ one subprocess run starts its own. Run them alone with ``pytest -m ray``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive, descendants
 
 from ngvi.experiments import cli
 from ngvi.experiments.core import backends, runner
@@ -40,7 +40,7 @@ def local_ray():
     saved = {k: os.environ.get(k) for k in [*QUIET, "PYTHONPATH"]}
     os.environ.update(QUIET)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-    before = _descendants(os.getpid())  # e.g. an earlier test's multiprocessing fork server: not Ray's
+    before = descendants(os.getpid())  # e.g. an earlier test's multiprocessing fork server: not Ray's
     ray.init(
         address="local",
         num_cpus=2,
@@ -48,20 +48,20 @@ def local_ray():
         log_to_driver=False,
         object_store_memory=OBJECT_STORE,
     )
-    ours = {p for p in _descendants(os.getpid()) - before if b"ray" in _cmdline(p)}  # raylet, gcs, workers
+    ours = {p for p in descendants(os.getpid()) - before if b"ray" in _cmdline(p)}  # raylet, gcs, workers
     try:
         yield
     finally:
         ray.shutdown()
         deadline = time.monotonic() + 30  # a loaded 2-core machine: raylet takes its time to go
-        while any(_alive(p) for p in ours) and time.monotonic() < deadline:
+        while any(alive(p) for p in ours) and time.monotonic() < deadline:
             time.sleep(0.1)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    left = {p: _cmdline(p).replace(b"\0", b" ")[:120] for p in ours if _alive(p)}
+    left = {p: _cmdline(p).replace(b"\0", b" ")[:120] for p in ours if alive(p)}
     assert ours and not left, f"the module's Ray processes outlived ray.shutdown(): {left}"
 
 
@@ -177,33 +177,11 @@ def test_ray_and_local_give_bitwise_equal_fits_and_resume_each_other(local_ray, 
         }
 
 
-def _descendants(pid: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, todo = set(), [pid]
-    while todo:
-        parent = todo.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found.update(kids)
-        todo += kids
-    return found
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
 
 
 @pytest.mark.data("uci")
@@ -222,13 +200,13 @@ def test_ctrl_c_exits_130_keeps_the_fits_leaves_no_ray_process_and_resumes(local
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until a fit has finished; Ray's processes noted as they start
-            ours |= _descendants(proc.pid)
+            ours |= descendants(proc.pid)
             if (out / "results.json").exists() and _runs(out):
                 break
             time.sleep(0.1)
         else:
             pytest.fail("no fit finished within 120 s")
-        ours |= _descendants(proc.pid)
+        ours |= descendants(proc.pid)
         assert any(b"raylet" in _cmdline(p) for p in ours), "the run started no Ray instance"
         os.killpg(proc.pid, signal.SIGINT)  # a terminal sends SIGINT to the whole foreground group
         _, err = proc.communicate(timeout=60)
@@ -237,9 +215,9 @@ def test_ctrl_c_exits_130_keeps_the_fits_leaves_no_ray_process_and_resumes(local
     assert proc.returncode == 130, err
     assert len(err.strip().splitlines()) == 1 and "rerun the same command to resume" in err, err
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in ours) and time.monotonic() < deadline:
+    while any(alive(p) for p in ours) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in ours if _alive(p)], "Ray processes outlived the run"
+    assert not [p for p in ours if alive(p)], "Ray processes outlived the run"
     kept = _runs(out)
     assert 1 <= len(kept) < 20
     splits = max(int(k.rsplit("/", 1)[1]) for k in kept) + 2

@@ -184,6 +184,7 @@ def nuts_posterior(
     jit_compile: bool = False,
     init_scale: float = 1.0,
     init_params: Tensor | None = None,
+    full_mass: bool = False,
 ) -> NUTSPosterior:
     r"""Sample the posterior of ``model``'s parameters on (x, y) with pyro's NUTS.
 
@@ -255,7 +256,7 @@ def nuts_posterior(
                 max_tree_depth=max_tree_depth,
                 jit_compile=jit_compile,
                 ignore_jit_warnings=True,
-                full_mass=False,
+                full_mass=full_mass,
             )
             mcmc = MCMC(
                 kernel,
@@ -282,6 +283,7 @@ def nuts_posterior(
         "target_accept": target_accept,
         "max_tree_depth": max_tree_depth,
         "jit_compile": jit_compile,
+        "full_mass": full_mass,
     }
     return NUTSPosterior(
         model, stacked, r_hat, effective_sample_size(stacked), divergences, steps, seconds, settings

@@ -20,35 +20,45 @@ from ..data.uci import uci_name
 from . import protocol
 from .protocol import DATASETS, Budget, Standardised
 
+_BUDGET_OPTIONS = (
+    ("--steps", "steps", "full-batch steps of each variational method"),
+    ("--chains", "chains", "NUTS chains"),
+    ("--warmup", "warmup", "NUTS warm-up iterations per chain"),
+    ("--samples", "samples", "NUTS draws kept per chain"),
+    ("--tree-depth", "tree_depth", "NUTS maximum tree depth (at most 2^depth leapfrog steps a draw)"),
+    ("--doublings", "doublings", "NUTS reruns with twice the warm-up and draws while it has not mixed"),
+    ("--target-r-hat", "target_r_hat", "mixed: every prediction's split R-hat at most this"),
+    ("--target-ess", "target_ess", "mixed: every prediction's effective sample size at least this"),
+)
+
 
 def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget) -> None:
-    """--steps, --chains, --warmup, --samples, --tree-depth (defaults from ``budget``) and --quick."""
-    for flag, field, text in (
-        ("--steps", "steps", "full-batch steps of each variational method"),
-        ("--chains", "chains", "NUTS chains"),
-        ("--warmup", "warmup", "NUTS warm-up iterations per chain"),
-        ("--samples", "samples", "NUTS draws kept per chain"),
-        ("--tree-depth", "tree_depth", "NUTS maximum tree depth (at most 2^depth leapfrog steps a draw)"),
-    ):
+    """The NUTS and VI budget options (defaults from ``budget``), --quick, --seed and --data-dir. An option
+    given on the command line wins over --quick's tiny budget."""
+    kinds = {
+        "samples": arg_types.int_range(2),  # 2 for the ESS
+        "doublings": arg_types.int_range(0, 6),
+        "target_r_hat": arg_types.float_range(1.0, 10.0),
+        "target_ess": arg_types.positive_float,
+    }
+    for flag, field, text in _BUDGET_OPTIONS:
         default = getattr(budget, field)
-        kind = arg_types.int_range(2) if field == "samples" else arg_types.positive_int  # 2 for the ESS
-        parser.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
+        kind = kinds.get(field, arg_types.positive_int)
+        parser.add_argument(flag, type=kind, default=None, help=f"{text} (default {default})")
+    parser.set_defaults(budget_defaults=budget)
     arg_types.add_quick(parser, "a smoke run: tiny budgets (for tests)")
     parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
     arg_types.add_data_dir(parser, "UCI data folder")
 
 
 def budget_of(args: argparse.Namespace, **extra: int) -> Budget:
+    defaults = asdict(args.budget_defaults)
+    quick = asdict(Budget.quick())
+    fields = [field for _, field, _ in _BUDGET_OPTIONS]
+    values = arg_types.with_quick(args, {f: defaults[f] for f in fields}, quick)
     if args.quick:
-        return Budget.quick()
-    return Budget(
-        steps=args.steps,
-        chains=args.chains,
-        warmup=args.warmup,
-        samples=args.samples,
-        tree_depth=args.tree_depth,
-        **extra,
-    )
+        extra = {key: quick[key] for key in extra}
+    return Budget(**{**defaults, **values, **extra})
 
 
 def method_argument(parser: argparse.ArgumentParser) -> None:
@@ -106,14 +116,10 @@ class HMC(Experiment):
         start = time.perf_counter()
         name = spec["method"]
         if name == "hmc":
-            post = protocol.nuts(data, budget, seed)
-            out_stats = post.output_diagnostics(x_eval)
+            post, record = protocol.nuts_reference(data, x_eval, budget, seed)
             return {
-                **post.summary(),
+                **record,
                 "seconds_total": time.perf_counter() - start,
-                "output_max_r_hat": float(out_stats["r_hat"].max()),
-                "output_min_ess": float(out_stats["ess"].min()),
-                "output_median_ess": float(out_stats["ess"].median()),
                 "variance": post.predict(x_eval)[..., 0].var(0).tolist(),
             }
         model, trainer = protocol.build(name, x_eval.shape[1], len(train), seed)

@@ -17,7 +17,7 @@ constant to every method's, which a correlation ignores).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -55,22 +55,29 @@ def available_methods() -> list[str]:
 class Budget:
     """How long each method runs: VI steps (and steps after adding one point in active learning), and
     NUTS's chains, warm-up, draws per chain and tree depth. The defaults are ``ngvi hmc``'s full run
-    (docs/results/hmc/README.md says what they buy); :data:`ACTIVE_BUDGET` is ``ngvi active``'s."""
+    (docs/results/hmc/README.md says what they buy); :data:`ACTIVE_BUDGET` is ``ngvi active``'s.
+
+    A NUTS reference counts as mixed when every prediction it is used for has split R-hat ≤ ``target_r_hat``
+    and effective sample size ≥ ``target_ess``; one that has not is rerun with twice the warm-up and draws,
+    up to ``doublings`` times (see :func:`nuts_reference`)."""
 
     steps: int = 1000
     refit_steps: int = 100
-    chains: int = 3
-    warmup: int = 150
-    samples: int = 150
-    tree_depth: int = 5
+    chains: int = 4
+    warmup: int = 200
+    samples: int = 200
+    tree_depth: int = 7
+    target_r_hat: float = 1.05
+    target_ess: float = 100.0
+    doublings: int = 1
 
     @classmethod
     def quick(cls) -> Budget:
-        return cls(steps=30, refit_steps=10, chains=2, warmup=10, samples=10, tree_depth=3)
+        return cls(steps=30, refit_steps=10, chains=2, warmup=10, samples=10, tree_depth=3, doublings=0)
 
 
 #: NUTS runs 6 to 11 times per active-learning job, each from the last round's draws: a shorter run
-ACTIVE_BUDGET = Budget(chains=2, warmup=40, samples=60)
+ACTIVE_BUDGET = Budget(chains=2, warmup=40, samples=60, tree_depth=5, doublings=0)
 
 
 def trainer_options(name: str, data_size: int) -> dict[str, Any]:
@@ -165,6 +172,39 @@ def nuts(data: Standardised, budget: Budget, seed: int, init_from: Tensor | None
         max_tree_depth=budget.tree_depth,
         init_params=init_from,
     )
+
+
+def mixed(diagnostics: dict[str, float], budget: Budget) -> bool:
+    """Whether a run's worst prediction meets the budget's R-hat and ESS targets."""
+    return diagnostics["output_max_r_hat"] <= budget.target_r_hat and (
+        diagnostics["output_min_ess"] >= budget.target_ess
+    )
+
+
+def nuts_reference(
+    data: Standardised, x_eval: Tensor, budget: Budget, seed: int
+) -> tuple[Any, dict[str, Any]]:
+    """NUTS until its predictions f(x_eval) mix: a run from over-dispersed prior draws; while the worst
+    prediction's split R-hat or ESS misses the budget's target, a fresh run with twice the warm-up and draws
+    (at most ``budget.doublings`` times). Returns the last run and a record: the last run's diagnostics,
+    ``mixed`` (whether it met the target) and every attempt's budget, diagnostics and seconds."""
+    attempts: list[dict[str, Any]] = []
+    for doubling in range(budget.doublings + 1):
+        scale = 2**doubling
+        tried = replace(budget, warmup=budget.warmup * scale, samples=budget.samples * scale)
+        start = time.perf_counter()
+        post = nuts(data, tried, seed)
+        stats = post.output_diagnostics(x_eval)
+        diagnostics = {
+            "output_max_r_hat": float(stats["r_hat"].max()),
+            "output_min_ess": float(stats["ess"].min()),
+            "output_median_ess": float(stats["ess"].median()),
+        }
+        seconds = time.perf_counter() - start
+        attempts.append({"warmup": tried.warmup, "samples": tried.samples, "seconds": seconds, **diagnostics})
+        if mixed(diagnostics, budget):
+            break
+    return post, {**post.summary(), **diagnostics, "mixed": mixed(diagnostics, budget), "attempts": attempts}
 
 
 def pearson(a: Tensor | np.ndarray, b: Tensor | np.ndarray) -> float:

@@ -30,19 +30,34 @@ def label(name: str) -> str:
     return ours + (f" ({paper})" if paper and paper != ours else "")
 
 
+def reference_mixed(hmc: dict[str, Any]) -> bool:
+    """Whether a NUTS run's predictions mixed (runs recorded before the flag existed are judged by the
+    default targets, split R-hat ≤ 1.05 and ESS ≥ 100)."""
+    if "mixed" in hmc:
+        return bool(hmc["mixed"])
+    return protocol.mixed(hmc, protocol.Budget())
+
+
 def correlations(runs: dict[str, Any], methods: list[str], datasets: list[str], trials: int) -> dict:
-    """method -> data set -> {trial: Pearson r of its variances with NUTS's} (trials both have)."""
+    """method -> data set -> {trial: Pearson r of its variances with NUTS's}, over the trials whose NUTS
+    reference mixed (a reference that has not mixed cannot rank methods)."""
     out: dict[str, dict[str, dict[int, float]]] = {m: {d: {} for d in datasets} for m in methods}
     for d in datasets:
         for t in range(trials):
             hmc = runs.get(f"hmc/{d}/{t}")
-            if hmc is None:
+            if hmc is None or not reference_mixed(hmc):
                 continue
             for m in methods:
                 r = runs.get(f"{m}/{d}/{t}")
                 if r is not None and np.isfinite(r["variance"]).all():
                     out[m][d][t] = protocol.pearson(r["variance"], hmc["variance"])
     return out
+
+
+def references(runs: dict[str, Any], dataset: str, trials: int) -> tuple[int, int]:
+    """(trials whose NUTS reference mixed, trials with a NUTS run) for one set."""
+    hmc = [runs[k] for t in range(trials) if (k := f"hmc/{dataset}/{t}") in runs]
+    return sum(reference_mixed(h) for h in hmc), len(hmc)
 
 
 def write_report(args: argparse.Namespace, run: Run, jobs: list[Job]) -> None:
@@ -58,16 +73,25 @@ def write_report(args: argparse.Namespace, run: Run, jobs: list[Job]) -> None:
         f"{protocol.PRIOR_PREC:g}, τ = {protocol.NOISE_PREC:g} (standardised units). Budget: "
         f"{_budget(config['budget'])}. Paper: Zhang et al. 2018, Table 4 (their model and HMC, not ours).\n",
     ]
-    header = ["data set", *[label(m) for m in methods], *[f"paper {c}" for c in TABLE4]]
+    header = ["data set", "mixed references", *[label(m) for m in methods], *[f"paper {c}" for c in TABLE4]]
     rows, wins, compared = [], 0, 0
     for d in datasets:
-        cells = [fmt_mean_se(*mean_se(corr[m][d].values())[:2]) if corr[m][d] else "–" for m in methods]
+        good, ran = references(runs, d, trials)
+        missing = "no reference" if ran else "–"
+        cells = [fmt_mean_se(*mean_se(corr[m][d].values())[:2]) if corr[m][d] else missing for m in methods]
         paper = [f"{TABLE4[c][d][0]:.3f} ± {TABLE4[c][d][1]:.3f}" for c in TABLE4]
-        rows.append([SHORT[d], *cells, *paper])
+        rows.append([SHORT[d], f"{good} / {ran}", *cells, *paper])
         if {"noisy_kfac", "noisy_adam"} <= set(methods) and corr["noisy_kfac"][d] and corr["noisy_adam"][d]:
             compared += 1
             wins += mean_se(corr["noisy_kfac"][d].values())[0] > mean_se(corr["noisy_adam"][d].values())[0]
     text.append(markdown_table(header, rows))
+    budget = config["budget"]
+    text.append(
+        f"\nA trial counts only where its NUTS reference mixed: every prediction's split R-hat ≤ "
+        f"{budget.get('target_r_hat', 1.05):g} and ESS ≥ {budget.get('target_ess', 100):g} "
+        '("mixed references": such trials / trials run). A set without one is marked "no reference", '
+        "not given a number.\n"
+    )
     if compared:
         text.append(
             f"\nNoisy K-FAC's mean correlation is above noisy Adam's on {wins} of {compared} sets "
@@ -82,10 +106,13 @@ def write_report(args: argparse.Namespace, run: Run, jobs: list[Job]) -> None:
     print(f"wrote {run.out / 'table.md'}, correlations.png, variances.png and results.json")
 
 
-def _budget(budget: dict[str, int]) -> str:
+def _budget(budget: dict[str, Any]) -> str:
+    doublings = budget.get("doublings", 0)
+    rerun = f", rerun with twice the warm-up and draws up to {doublings}× until mixed" if doublings else ""
     return (
         f"{budget['steps']} full-batch steps per variational fit; NUTS: {budget['chains']} chains × "
         f"({budget['warmup']} warm-up + {budget['samples']} draws), tree depth ≤ {budget['tree_depth']}"
+        + rerun
     )
 
 
@@ -98,6 +125,8 @@ def _diagnostics_table(runs: dict[str, Any], datasets: list[str], trials: int) -
         rows.append(
             [
                 SHORT[d],
+                f"{sum(reference_mixed(h) for h in hmc)} / {len(hmc)}",
+                f"{max(len(h.get('attempts', [h])) for h in hmc)}",
                 f"{max(h['output_max_r_hat'] for h in hmc):.3f}",
                 f"{min(h['output_min_ess'] for h in hmc):.0f}",
                 f"{np.median([h['output_median_ess'] for h in hmc]):.0f}",
@@ -109,6 +138,8 @@ def _diagnostics_table(runs: dict[str, Any], datasets: list[str], trials: int) -
         )
     header = [
         "data set",
+        "mixed",
+        "most NUTS runs",
         "worst R-hat of f(x*)",
         "lowest ESS of f(x*)",
         "median ESS of f(x*)",
@@ -118,8 +149,9 @@ def _diagnostics_table(runs: dict[str, Any], datasets: list[str], trials: int) -
         "NUTS seconds / trial",
     ]
     note = (
-        "NUTS diagnostics over all trials (pyro's split R-hat; ESS by Geyer's initial monotone sequence; "
-        "both over the chains). f(x*) are the predictions at the unlabelled points, which the table uses; "
+        "NUTS diagnostics over all trials, of each trial's last run (pyro's split R-hat; ESS by Geyer's "
+        'initial monotone sequence; both over the chains; "most NUTS runs": the most runs a trial '
+        "needed). f(x*) are the predictions at the unlabelled points, which the table uses; "
         "single weights are not identified "
         "(hidden units can swap), so their R-hat can be large while every prediction agrees.\n\n"
     )

@@ -53,7 +53,12 @@ def test_active_quick_runs_both_strategies_and_reports_the_paper(tmp_path, data_
     for r in runs.values():
         assert len(r["rmse_curve"]) == 3 and len(r["chosen"]) == 2 and 0 < r["rmse"] < 30
         assert len(set(r["chosen"])) == 2  # a labelled point leaves the pool
+    assert (
+        runs["hmc/bostonHousing/0/A"]["mixed"] is False
+        and runs["hmc/bostonHousing/0/A"]["output_min_ess"] > 0
+    )
     table = (out / "table.md").read_text()
+    assert "| Boston | not mixed | not mixed |" in table  # a quick NUTS run is no reference
     assert "Noisy K-FAC (NNG-MVG) A" in table and "5.156 ± 0.150" in table  # the paper's HMC A, Boston
     assert (out / "curves.png").read_bytes()[:8] == PNG
 

@@ -115,6 +115,7 @@ class Active(Experiment):
             learner.fit(data, first=round_ == 0)
             seconds += time.perf_counter() - start
             f_test = learner.predict(x_all[test])
+            learner.record_mixing(x_all[test])
             rmse.append(metrics.rmse(scaler.inverse_y(f_test.mean(0).double()), y_test))
             if round_ == spec["rounds"]:
                 break
@@ -161,6 +162,20 @@ class _Learner:
             self.model, self.trainer, data, self.budget.steps if first else self.budget.refit_steps
         )
 
+    def record_mixing(self, x: torch.Tensor) -> None:
+        """For NUTS: the worst split R-hat and lowest ESS of the predictions at x over all rounds so far, and
+        whether every round met the budget's targets (``mixed``)."""
+        if self.name != "hmc":
+            return
+        stats = self.posterior.output_diagnostics(x)
+        self.info["output_max_r_hat"] = max(
+            self.info.get("output_max_r_hat", 0.0), float(stats["r_hat"].max())
+        )
+        self.info["output_min_ess"] = min(
+            self.info.get("output_min_ess", float("inf")), float(stats["ess"].min())
+        )
+        self.info["mixed"] = protocol.mixed(self.info, self.budget)
+
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         if self.name == "hmc":
             return self.posterior.predict(x)[..., 0]
@@ -169,6 +184,12 @@ class _Learner:
 
 def _rmse(runs: dict[str, Any], method: str, dataset: str, strategy: str, trials: int) -> dict[int, float]:
     return {t: runs[k]["rmse"] for t in range(trials) if (k := f"{method}/{dataset}/{t}/{strategy}") in runs}
+
+
+def _hmc_mixed(runs: dict[str, Any], dataset: str, strategy: str, trials: int) -> bool:
+    """Whether NUTS mixed in every round of every trial run for this set and strategy."""
+    done = [runs[k] for t in range(trials) if (k := f"hmc/{dataset}/{t}/{strategy}") in runs]
+    return all(r.get("mixed", False) for r in done)
 
 
 def write_report(args: argparse.Namespace, run: Run, methods: list[str]) -> None:
@@ -187,12 +208,22 @@ def write_report(args: argparse.Namespace, run: Run, methods: list[str]) -> None
         row = [SHORT[d]]
         for m in methods:
             values = {s: _rmse(runs, m, d, s, args.trials) for s in STRATEGIES}
+            if m == "hmc" and not all(_hmc_mixed(runs, d, s, args.trials) for s in STRATEGIES):
+                row += ["not mixed"] * len(STRATEGIES)
+                continue
             row += [fmt_mean_se(*mean_se(values[s].values())[:2]) if values[s] else "–" for s in STRATEGIES]
             if values["R"] and values["A"]:
                 better[m][1] += 1
                 better[m][0] += mean_se(values["A"].values())[0] < mean_se(values["R"].values())[0]
         rows.append(row)
     text.append(markdown_table(header, rows))
+    if "hmc" in methods:
+        text.append(
+            "\nHMC's cells read \"not mixed\" where, in some trial and round, NUTS's test predictions missed "
+            f"split R-hat ≤ {config['budget'].get('target_r_hat', 1.05):g} or ESS ≥ "
+            f"{config['budget'].get('target_ess', 100):g} (runs recorded before this check count as not "
+            "mixed).\n"
+        )
     text.append(
         "\nA below R (active learning helped) on: "
         + ", ".join(f"{_label(m)} {a}/{n}" for m, (a, n) in better.items() if n)

@@ -32,7 +32,7 @@ from .core.methods import METHODS as REGISTRY
 from .core.report import figure, fmt_mean_se, markdown_table, mean_se, save_figure
 from .core.runner import Experiment, Job, Run
 from .hmc import protocol
-from .hmc.experiment import add_budget_arguments, budget_of, method_argument
+from .hmc.experiment import MIXING_FIELDS, add_budget_arguments, budget_of, method_argument
 from .hmc.protocol import ACTIVE_BUDGET, Budget, Standardised
 from .hmc.published import PAPER_COLUMN, TABLE3
 from .hmc.report import SHORT, label
@@ -62,12 +62,12 @@ class Active(Experiment):
             ACTIVE_BUDGET.refit_steps,
             f"steps after each added point, from the last fit (default {ACTIVE_BUDGET.refit_steps})",
         )
-        add_budget_arguments(parser, ACTIVE_BUDGET)
+        add_budget_arguments(parser, ACTIVE_BUDGET, mixing=False)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
-        budget = budget_of(args, refit_steps=args.refit_steps)
+        budget = asdict(budget_of(args, refit_steps=args.refit_steps))
         return {
-            "budget": asdict(budget),
+            "budget": {k: v for k, v in budget.items() if k not in MIXING_FIELDS},  # the default targets
             "rounds": 2 if args.quick else args.rounds,
             "initial": 20,
             "test": 100,
@@ -260,6 +260,8 @@ def _curves(runs: dict[str, Any], methods: list[str], datasets: list[str], trial
                 curves = [runs[k]["rmse_curve"] for t in range(trials) if (k := f"{m}/{d}/{t}/{s}") in runs]
                 if curves:
                     short = PAPER_COLUMN.get(m) or REGISTRY[m].label  # compact legend entries
+                    if m == "hmc" and not _hmc_mixed(runs, d, s, trials):
+                        short += " (not mixed)"
                     ax.plot(np.mean(curves, 0), style, color=colours[m], lw=1.2, label=f"{short} {s}")
         ax.set_title(SHORT[d], fontsize=9)
         ax.set_xlabel("points added", fontsize=8)

@@ -32,9 +32,15 @@ _BUDGET_OPTIONS = (
 )
 
 
-def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget) -> None:
-    """The NUTS and VI budget options (defaults from ``budget``), --quick, --seed and --data-dir. An option
-    given on the command line wins over --quick's tiny budget."""
+#: the options that decide when a NUTS reference has mixed (``ngvi active`` runs NUTS once a round and
+#: judges it by the default targets, so it leaves them out)
+MIXING_FIELDS = ("doublings", "target_r_hat", "target_ess")
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget, mixing: bool = True) -> None:
+    """The NUTS and VI budget options (defaults from ``budget``; the mixing targets unless ``mixing`` is
+    False), --quick, --seed and --data-dir. An option given on the command line wins over --quick's tiny
+    budget."""
     kinds = {
         "samples": arg_types.int_range(2),  # 2 for the ESS
         "doublings": arg_types.int_range(0, 6),
@@ -42,6 +48,8 @@ def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget) -> Non
         "target_ess": arg_types.positive_float,
     }
     for flag, field, text in _BUDGET_OPTIONS:
+        if field in MIXING_FIELDS and not mixing:
+            continue
         default = getattr(budget, field)
         kind = kinds.get(field, arg_types.positive_int)
         parser.add_argument(flag, type=kind, default=None, help=f"{text} (default {default})")
@@ -54,7 +62,7 @@ def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget) -> Non
 def budget_of(args: argparse.Namespace, **extra: int) -> Budget:
     defaults = asdict(args.budget_defaults)
     quick = asdict(Budget.quick())
-    fields = [field for _, field, _ in _BUDGET_OPTIONS]
+    fields = [field for _, field, _ in _BUDGET_OPTIONS if hasattr(args, field)]
     values = arg_types.with_quick(args, {f: defaults[f] for f in fields}, quick)
     if args.quick:
         extra = {key: quick[key] for key in extra}

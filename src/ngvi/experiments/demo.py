@@ -70,8 +70,10 @@ class Demo(Experiment):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--methods", OPTIONS)
-        types.add_count(parser, "--steps", 6000, "full-batch steps per method (default 6000)")
-        types.add_quick(parser, "300 steps per method: a smoke run")
+        types.add_count(parser, "--steps", None, "full-batch steps per method (default 6000; --quick: 300)")
+        types.add_quick(
+            parser, "300 steps per method and a tiny NUTS budget: a smoke run (--steps given explicitly wins)"
+        )
         parser.add_argument("--seed", type=types.non_negative_int, default=0)
         parser.add_argument(
             "--nuts",
@@ -82,7 +84,7 @@ class Demo(Experiment):
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         return {
-            "steps": 300 if args.quick else args.steps,
+            **types.with_quick(args, {"steps": 6000}, {"steps": 300}),  # an explicit --steps wins
             "seed": args.seed,
             "nuts": NUTS_QUICK if args.quick else NUTS_BUDGET,
         }

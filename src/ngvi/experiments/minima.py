@@ -151,19 +151,28 @@ def _train(
     return path
 
 
+#: the options that --quick sets (when not given), with their defaults
+DEFAULTS = {"steps": 5000, "seeds": 3}
+QUICK = {"steps": 200, "seeds": 1}
+
+
 class Minima(Experiment):
     name = "minima"
     help = "variational optimisation (Vadam to VadaGrad) against gradient descent on a 2-D landscape (App. L)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        types.add_count(parser, "--steps", 5000, "iterations per run (default 5000)")
-        types.add_count(parser, "--seeds", 3, "variational runs per start, with different noise (default 3)")
-        types.add_quick(parser, "200 iterations, 1 seed: a smoke run")
+        types.add_count(parser, "--steps", None, "iterations per run (default 5000; --quick: 200)")
+        types.add_count(
+            parser,
+            "--seeds",
+            None,
+            "variational runs per start, with different noise (default 3; --quick: 1)",
+        )
+        types.add_quick(parser, "200 iterations, 1 seed: a smoke run (options given explicitly win)")
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         return {
-            "steps": 200 if args.quick else args.steps,
-            "seeds": 1 if args.quick else args.seeds,
+            **types.with_quick(args, DEFAULTS, QUICK),  # an explicit option wins over --quick
             "starts": [list(s) for s in STARTS],
         }
 

@@ -89,14 +89,14 @@ class NNGPrecision(Experiment):
     help = "NNG's Fig. 1: normalised precision matrices of NNG-full, FFG, MVG and BlkTri on Boston"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        arg_types.add_count(parser, "--epochs", 300, "epochs (default 300)")
-        arg_types.add_quick(parser, "2 epochs: a smoke run")
+        arg_types.add_count(parser, "--epochs", None, "epochs (default 300; --quick: 2)")
+        arg_types.add_quick(parser, "2 epochs: a smoke run (options given explicitly win)")
         parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
         arg_types.add_data_dir(parser, "UCI data folder")
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         return {
-            "epochs": 2 if args.quick else args.epochs,
+            **arg_types.with_quick(args, {"epochs": 300}, {"epochs": 2}),  # an explicit option wins
             "seed": args.seed,
             "hidden": HIDDEN,
             "batch": BATCH,

@@ -29,6 +29,9 @@ from .core.runner import Experiment, Job, Run
 
 DATA_SIZE = 60_000
 HIDDEN = (400, 400)
+#: the options that --quick sets (when not given), with their defaults (subset None: all the images)
+DEFAULTS = {"epochs": 100, "subset": None}
+QUICK = {"epochs": 2, "subset": 1000}
 #: the fractions pruned: BADAM's code evaluates these
 FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.96, 0.97, 0.98, 0.99, 0.995, 0.999)
 TABLE_FRACTIONS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98)
@@ -92,7 +95,7 @@ class Prune(Experiment):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--methods", OPTIONS)
-        types.add_count(parser, "--epochs", 100, "epochs (default 100, BADAM App. D.2)")
+        types.add_count(parser, "--epochs", None, "epochs (default 100, BADAM App. D.2; --quick: 2)")
         types.add_count(parser, "--seeds", 1, "runs per method (default 1)")
         parser.add_argument("--batch-size", type=types.positive_int, default=128)
         parser.add_argument(
@@ -101,7 +104,16 @@ class Prune(Experiment):
             default=0.2,
             help="dropout rate of the hidden layers, in [0, 0.99] (default 0.2)",
         )
-        types.add_quick(parser, "a smoke run: 1,000 training and 1,000 test images, 2 epochs")
+        types.add_count(
+            parser,
+            "--subset",
+            None,
+            "train and test on the first K training and test images (default: all; --quick: 1000)",
+        )
+        types.add_quick(
+            parser,
+            "a smoke run: 1,000 training and 1,000 test images, 2 epochs (options given explicitly win)",
+        )
         types.add_data_dir(parser, "data folder holding mnist/")
         parser.add_argument(
             "--report-only",
@@ -120,11 +132,12 @@ class Prune(Experiment):
             return recorded
         if not 0 <= args.dropout < 1:
             raise ValueError(f"--dropout must lie in [0, 1), got {args.dropout}")
+        sizes = types.with_quick(args, DEFAULTS, QUICK)  # an explicit option wins over --quick
         return {
-            "epochs": 2 if args.quick else args.epochs,
+            "epochs": sizes["epochs"],
             "batch_size": args.batch_size,
             "dropout": args.dropout,
-            "subset": 1000 if args.quick else None,
+            "subset": sizes["subset"],
             "options": {m: OPTIONS[m] for m in args.methods},
         }
 
@@ -243,7 +256,12 @@ def _table(done: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> str
             f"- {label(name, results, config)}: |μ|/σ − |μ| at p = 0.9 is {fmt_mean_se(m, se)} points "
             f"({n} run{'s' if n > 1 else ''}; {sum(d > 0 for d in diff)} of {n} favour |μ|/σ)"
         )
-    data = "1,000 training and 1,000 test images (--quick)" if config["subset"] else "MNIST (60,000 / 10,000)"
+    subset = config["subset"]
+    data = (
+        f"the first {subset:,} training and {min(subset, 10_000):,} test images of MNIST"
+        if subset
+        else "MNIST (60,000 / 10,000)"
+    )
     head = (
         f"# ngvi prune: test accuracy [%] with the fraction p of weights pruned (BADAM Fig. 2)\n\n"
         f"{data}; 784-400-400-10 ReLU, dropout {config['dropout']} on the hidden layers, "

@@ -91,6 +91,11 @@ def authors_log_loss(logit_samples: torch.Tensor, y: torch.Tensor) -> float:
     return float(-(torch.logsumexp(joint, 0) - np.log(joint.shape[0])) / y.shape[0])
 
 
+#: the options that --quick sets (when not given), with their defaults
+DEFAULTS = {"steps": 5000, "seeds": 3}
+QUICK = {"steps": 60, "seeds": 1}
+
+
 class Convergence(Experiment):
     name = "convergence"
     requires = ("tqdm", "matplotlib", "scipy")
@@ -100,16 +105,15 @@ class Convergence(Experiment):
         types.add_subset(
             parser, "--methods", METHOD_NAMES, f"comma-separated: {', '.join(METHOD_NAMES)} (default: all)"
         )
-        types.add_count(parser, "--steps", 5000, "iterations (default 5000)")
-        types.add_count(parser, "--seeds", 3, "seeds per curve (default 3)")
-        types.add_quick(parser, "60 iterations, 1 seed: a smoke run")
+        types.add_count(parser, "--steps", None, "iterations (default 5000; --quick: 60)")
+        types.add_count(parser, "--seeds", None, "seeds per curve (default 3; --quick: 1)")
+        types.add_quick(parser, "60 iterations, 1 seed: a smoke run (options given explicitly win)")
         types.add_data_dir(parser)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         return {
             "methods": list(args.methods),
-            "steps": 60 if args.quick else args.steps,
-            "seeds": 1 if args.quick else args.seeds,
+            **types.with_quick(args, DEFAULTS, QUICK),  # an explicit option wins over --quick
             "settings": [list(s) for s in SETTINGS],
         }
 

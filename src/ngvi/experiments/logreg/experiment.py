@@ -28,6 +28,8 @@ from .report import report
 
 PARTS = ("toy", "splits", "minibatch")
 BATCH_SIZES = (1, 8, 16, 32, 64)
+# the budget options, with their defaults, and what --quick sets (when not given)
+DEFAULTS = {"splits": 20, "restarts": 20, "steps": 20_000, "minibatch_steps": 30_000, "toy_steps": toy.STEPS}
 QUICK = {"splits": 2, "restarts": 2, "steps": 200, "minibatch_steps": 200, "toy_steps": 200}
 
 
@@ -49,28 +51,36 @@ class LogReg(Experiment):
         types.add_subset(
             parser, "--methods", ALL_METHODS, f"methods of Fig. 2b: {', '.join(ALL_METHODS)} (default: all)"
         )
-        types.add_count(parser, "--splits", 20, "random splits (default 20)")
-        types.add_count(parser, "--restarts", 20, "runs per minibatch size in Fig. 2c (default 20)")
+        types.add_count(parser, "--splits", None, "random splits (default 20; --quick: 2)")
+        types.add_count(
+            parser, "--restarts", None, "runs per minibatch size in Fig. 2c (default 20; --quick: 2)"
+        )
         parser.add_argument(
             "--batch-sizes",
             type=_sizes,
             default=list(BATCH_SIZES),
             help="Vadam's minibatch sizes in Fig. 2c (default 1,8,16,32,64)",
         )
-        types.add_count(parser, "--steps", 20_000, "iterations per fit in Fig. 2b (default 20000)")
-        types.add_count(parser, "--minibatch-steps", 30_000, "iterations per fit in Fig. 2c (default 30000)")
+        types.add_count(
+            parser, "--steps", None, "iterations per fit in Fig. 2b (default 20000; --quick: 200)"
+        )
+        types.add_count(
+            parser, "--minibatch-steps", None, "iterations per fit in Fig. 2c (default 30000; --quick: 200)"
+        )
         types.add_count(
             parser,
             "--toy-steps",
-            toy.STEPS,
-            f"iterations per fit in Fig. 2a (default {toy.STEPS}, as App. I.1)",
+            None,
+            f"iterations per fit in Fig. 2a (default {toy.STEPS}, as App. I.1; --quick: 200)",
         )
-        types.add_quick(parser, "2 splits, 2 runs, 200 iterations per fit: a smoke run")
+        types.add_quick(
+            parser, "2 splits, 2 runs, 200 iterations per fit: a smoke run (options given explicitly win)"
+        )
         types.add_data_dir(parser)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
         batch_sizes = sorted(set(args.batch_sizes))
-        budget = {k: QUICK[k] if args.quick else getattr(args, k) for k in QUICK}
+        budget = types.with_quick(args, DEFAULTS, QUICK)  # an explicit option wins over --quick
         return {
             "parts": list(args.parts),
             "datasets": list(args.datasets),

@@ -25,6 +25,8 @@ DATASETS = (*REAL_SETS, "wheel", *USER_BANDITS)
 DEFAULT_DELTAS = (0.5, 0.7, 0.9, 0.95, 0.99)
 #: contexts of a wheel problem when --contexts does not say (the other sets default to all their rows)
 WHEEL_CONTEXTS = 2000
+#: the options that --quick sets (when not given), with their defaults (contexts {}: every row of a data set)
+DEFAULTS = {"datasets": [*REAL_SETS, "wheel"], "agents": list(AGENTS), "contexts": {}, "runs": 10}
 #: the reduced run of --quick (and of the CI test): mushroom, Vadam against greedy and uniform
 QUICK = {"datasets": ["mushroom"], "agents": ["vadam", "greedy", "uniform"], "contexts": 300, "runs": 12}
 
@@ -65,21 +67,25 @@ class Bandits(Experiment):
             parser,
             "--datasets",
             DATASETS,
-            f"comma-separated: {', '.join(DATASETS)} (default: mushroom,statlog,adult,wheel); "
-            f"{', '.join(USER_BANDITS)} are read from --user-data-dir",
-            default=[*REAL_SETS, "wheel"],
+            f"comma-separated: {', '.join(DATASETS)} (default: mushroom,statlog,adult,wheel; --quick: "
+            f"mushroom); {', '.join(USER_BANDITS)} are read from --user-data-dir",
+            default=None,
         )
         arg_types.add_subset(
-            parser, "--agents", AGENTS, f"comma-separated: {', '.join(AGENTS)} (default: all)"
+            parser,
+            "--agents",
+            AGENTS,
+            f"comma-separated: {', '.join(AGENTS)} (default: all; --quick: {','.join(QUICK['agents'])})",
+            default=None,
         )
         parser.add_argument(
             "--contexts",
             type=parse_contexts,
-            default={},
+            default=None,
             help="contexts per run: N for every data set, or name=N pairs (default: every row of a data set, "
-            f"as BADAM; the wheel {WHEEL_CONTEXTS})",
+            f"as BADAM; the wheel {WHEEL_CONTEXTS}; --quick: {QUICK['contexts']})",
         )
-        arg_types.add_count(parser, "--runs", 10, "runs per agent (default 10)")
+        arg_types.add_count(parser, "--runs", None, f"runs per agent (default 10; --quick: {QUICK['runs']})")
         parser.add_argument(
             "--deltas",
             type=_deltas,
@@ -95,7 +101,7 @@ class Bandits(Experiment):
         arg_types.add_quick(
             parser,
             f"the reduced run CI executes: {QUICK['contexts']} mushroom contexts, {QUICK['runs']} runs, "
-            "Vadam, greedy and uniform (other --datasets/--agents/--contexts/--runs are ignored)",
+            "Vadam, greedy and uniform (options given explicitly win)",
         )
         parser.add_argument(
             "--report-only",
@@ -112,12 +118,9 @@ class Bandits(Experiment):
         )
 
     def resolve(self, args: argparse.Namespace) -> argparse.Namespace:
-        """The arguments with --quick applied."""
-        if not args.quick:
-            return args
-        quick = {**vars(args), **QUICK}
-        quick["contexts"] = {"*": QUICK["contexts"]}
-        return argparse.Namespace(**quick)
+        """The arguments with --quick applied: an option given explicitly wins over it."""
+        quick = {**QUICK, "contexts": {"*": QUICK["contexts"]}}  # every data set's
+        return argparse.Namespace(**{**vars(args), **arg_types.with_quick(args, DEFAULTS, quick)})
 
     def protocol(self, args: argparse.Namespace) -> Protocol:
         return replace(Protocol(), data_size=args.data_size)

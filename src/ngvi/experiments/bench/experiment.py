@@ -20,6 +20,11 @@ def _default_device() -> torch.device:
     return acc if acc is not None else torch.device("cpu")
 
 
+#: the options that --quick sets (when not given), with their defaults; --quick also shrinks the models
+DEFAULTS = {"sweep": [100, 300, 1000, 3000], "warmup": 5, "rounds": 6, "steps": 10}
+QUICK = {"sweep": [16, 48], "warmup": 2, "rounds": 2, "steps": 2}
+
+
 class Bench(Experiment):
     name = "bench"
     help = "step time and peak memory of every optimizer against torch.optim.Adam and the floor (~15 min)"
@@ -32,7 +37,7 @@ class Bench(Experiment):
             default=None,
             help="cpu, cuda, ... (default: the accelerator if any)",
         )
-        types.add_quick(parser, "tiny models and few steps: a smoke run")
+        types.add_quick(parser, "tiny models and few steps: a smoke run (options given explicitly win)")
         parser.add_argument(
             "--methods",
             type=types.names(methods(noise_variants=True)),
@@ -44,11 +49,11 @@ class Bench(Experiment):
             "--sweep",
             type=lambda text: [types.positive_int(w) for w in text.split(",") if w.strip()],
             default=None,
-            help="MLP widths for the scaling plot (default 100,300,1000,3000; '' for none)",
+            help="MLP widths for the scaling plot (default 100,300,1000,3000; --quick: 16,48; '' for none)",
         )
-        types.add_count(parser, "--warmup", 5, "untimed steps first (default 5)")
-        types.add_count(parser, "--rounds", 6, "interleaved rounds (default 6)")
-        types.add_count(parser, "--steps", 10, "timed steps per method per round (default 10)")
+        types.add_count(parser, "--warmup", None, "untimed steps first (default 5; --quick: 2)")
+        types.add_count(parser, "--rounds", None, "interleaved rounds (default 6; --quick: 2)")
+        types.add_count(parser, "--steps", None, "timed steps per method per round (default 10; --quick: 2)")
         types.add_count(parser, "--threads", None, "torch threads (default: torch's)")
         parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
         parser.add_argument("--noise-variants", action="store_true", help="also time noise='antithetic'")
@@ -64,12 +69,7 @@ class Bench(Experiment):
             "quick": quick,
             "methods": names,
             "models": args.models or list(problems(quick)),
-            "sweep": args.sweep
-            if args.sweep is not None
-            else ([16, 48] if quick else [100, 300, 1000, 3000]),
-            "warmup": 2 if quick else args.warmup,
-            "rounds": 2 if quick else args.rounds,
-            "steps": 2 if quick else args.steps,
+            **types.with_quick(args, DEFAULTS, QUICK),  # an explicit option wins over --quick
             "device": str(torch.device(args.device) if args.device else _default_device()),
             "threads": args.threads or torch.get_num_threads(),
             "memory": not args.no_memory,

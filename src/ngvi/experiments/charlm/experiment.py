@@ -34,8 +34,18 @@ SEQ_LENGTH = 50  # torch-rnn's default (recalled), as Wilson et al.
 BATCH_SIZE = 50  # idem
 EMBEDDING = 64  # idem (torch-rnn's wordvec_size)
 TRAIN_FRACTION = 0.9  # the contiguous split of MANIFEST.md §5
-#: --quick: a smoke run for CI (seconds on one core)
+#: the sizes an option sets, with their defaults, and --quick's (a smoke run for CI: seconds on one core)
+DEFAULTS = {
+    "train_chars": 200_000,
+    "test_chars": 50_000,
+    "hidden": 128,
+    "layers": 2,
+    "epochs": 50,
+    "seeds": 1,
+}
 QUICK = {"train_chars": 80_000, "test_chars": 5_000, "hidden": 32, "layers": 1, "epochs": 5, "seeds": 1}
+#: --quick's embedding (no option sets it)
+QUICK_EMBEDDING = 16
 
 
 def load_corpus(train_chars: int, test_chars: int, data_dir: str | None) -> Corpus:
@@ -106,34 +116,34 @@ class CharLM(Experiment):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         types.add_subset(parser, "--methods", METHOD_NAMES)
-        for flag, default, what in (
-            ("--train-chars", 200_000, "training characters, from the start of the text"),
-            ("--test-chars", 50_000, "test characters, from the start of the last 10%% of the text"),
-            ("--hidden", 128, "LSTM units per layer (Wilson et al.: 128)"),
-            ("--layers", 2, "LSTM layers (Wilson et al.: 2)"),
-            ("--epochs", 50, "epochs (Wilson et al.: 200); K of Table 4 is scaled by epochs/200"),
-            ("--seeds", 1, "seeds per method (initialisation, minibatch order, noise)"),
+        for flag, what in (
+            ("--train-chars", "training characters, from the start of the text"),
+            ("--test-chars", "test characters, from the start of the last 10%% of the text"),
+            ("--hidden", "LSTM units per layer (Wilson et al.: 128)"),
+            ("--layers", "LSTM layers (Wilson et al.: 2)"),
+            ("--epochs", "epochs (Wilson et al.: 200); K of Table 4 is scaled by epochs/200"),
+            ("--seeds", "seeds per method (initialisation, minibatch order, noise)"),
         ):
+            key = flag[2:].replace("-", "_")
             parser.add_argument(
-                flag, type=types.positive_int, default=default, help=f"{what} (default {default})"
+                flag,
+                type=types.positive_int,
+                default=None,
+                help=f"{what} (default {DEFAULTS[key]}; --quick: {QUICK[key]})",
             )
         types.add_quick(
-            parser, "80k training characters, 5k test, 1 layer of 32, 5 epochs, 1 seed: a smoke run"
+            parser,
+            "80k training characters, 5k test, 1 layer of 32 (embedding 16), 5 epochs, 1 seed: a smoke run "
+            "(options given explicitly win)",
         )
         types.add_data_dir(parser)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
-        config = {
+        return {
             "methods": list(args.methods),
-            **{
-                k: getattr(args, k)
-                for k in ("train_chars", "test_chars", "hidden", "layers", "epochs", "seeds")
-            },
-            "embedding": EMBEDDING,
+            **types.with_quick(args, DEFAULTS, QUICK),  # an explicit option wins over --quick
+            "embedding": QUICK_EMBEDDING if args.quick else EMBEDDING,
         }
-        if args.quick:
-            config.update(QUICK, embedding=16)
-        return config
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
         config = self.config(args)

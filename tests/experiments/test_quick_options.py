@@ -41,6 +41,8 @@ CASES = [
     ("bandits", ["--agents", "vogn"], "agents", ["vogn"], ["vadam", "greedy", "uniform"], list(AGENTS)),
     ("bandits", ["--contexts", "mushroom=50"], "contexts", {"mushroom": 50}, {"*": 300}, {}),
     ("bandits", ["--runs", "2"], "runs", 2, 12, 10),
+    ("active", ["--rounds", "3"], "rounds", 3, 2, 10),
+    ("active", ["--refit-steps", "7"], "budget.refit_steps", 7, 10, 100),
 ]  # fmt: skip
 
 
@@ -51,7 +53,8 @@ def _values(name: str, argv: list[str]) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if name == "bandits":  # its config is the protocol; the sizes are resolved from the arguments
         return vars(experiment.resolve(args))
-    return experiment.config(args)
+    config = experiment.config(args)
+    return {**config, **{f"budget.{k}": v for k, v in config.get("budget", {}).items()}}
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from .hmc.published import PAPER_COLUMN, TABLE3
 from .hmc.report import SHORT, label
 
 STRATEGIES = ("R", "A")
+QUICK_ROUNDS = 2
 
 
 def _label(name: str) -> str:
@@ -55,20 +56,26 @@ class Active(Experiment):
             "--hmc", choices=["yes", "no"], default="yes", help="also run HMC (pyro NUTS) as a method (yes)"
         )
         arg_types.add_count(parser, "--trials", 10, "trials per set (10)")
-        arg_types.add_count(parser, "--rounds", 10, "points labelled after the first fit (10)")
+        arg_types.add_count(
+            parser,
+            "--rounds",
+            None,
+            f"points labelled after the first fit (default 10; --quick: {QUICK_ROUNDS})",
+        )
         arg_types.add_count(
             parser,
             "--refit-steps",
-            ACTIVE_BUDGET.refit_steps,
-            f"steps after each added point, from the last fit (default {ACTIVE_BUDGET.refit_steps})",
+            None,
+            f"steps after each added point, from the last fit (default {ACTIVE_BUDGET.refit_steps}; "
+            f"--quick: {Budget.quick().refit_steps})",
         )
         add_budget_arguments(parser, ACTIVE_BUDGET, mixing=False)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
-        budget = asdict(budget_of(args, refit_steps=args.refit_steps))
+        budget = asdict(budget_of(args, extra=("refit_steps",)))
         return {
             "budget": {k: v for k, v in budget.items() if k not in MIXING_FIELDS},  # the default targets
-            "rounds": 2 if args.quick else args.rounds,
+            **arg_types.with_quick(args, {"rounds": 10}, {"rounds": QUICK_ROUNDS}),  # an explicit option wins
             "initial": 20,
             "test": 100,
             "seed": args.seed,

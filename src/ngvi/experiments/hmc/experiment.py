@@ -52,21 +52,20 @@ def add_budget_arguments(parser: argparse.ArgumentParser, budget: Budget, mixing
             continue
         default = getattr(budget, field)
         kind = kinds.get(field, arg_types.positive_int)
-        parser.add_argument(flag, type=kind, default=None, help=f"{text} (default {default})")
+        help = f"{text} (default {default}; --quick: {getattr(Budget.quick(), field)})"
+        parser.add_argument(flag, type=kind, default=None, help=help)
     parser.set_defaults(budget_defaults=budget)
-    arg_types.add_quick(parser, "a smoke run: tiny budgets (for tests)")
+    arg_types.add_quick(parser, "a smoke run: tiny budgets, for tests (options given explicitly win)")
     parser.add_argument("--seed", type=arg_types.non_negative_int, default=0)
     arg_types.add_data_dir(parser, "UCI data folder")
 
 
-def budget_of(args: argparse.Namespace, **extra: int) -> Budget:
+def budget_of(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> Budget:
+    """The budget ``args`` give; ``extra`` names a caller's own budget options (argparse default None)."""
     defaults = asdict(args.budget_defaults)
-    quick = asdict(Budget.quick())
-    fields = [field for _, field, _ in _BUDGET_OPTIONS if hasattr(args, field)]
-    values = arg_types.with_quick(args, {f: defaults[f] for f in fields}, quick)
-    if args.quick:
-        extra = {key: quick[key] for key in extra}
-    return Budget(**{**defaults, **values, **extra})
+    fields = [field for _, field, _ in _BUDGET_OPTIONS if hasattr(args, field)] + list(extra)
+    values = arg_types.with_quick(args, {f: defaults[f] for f in fields}, asdict(Budget.quick()))
+    return Budget(**{**defaults, **values})
 
 
 def method_argument(parser: argparse.ArgumentParser) -> None:

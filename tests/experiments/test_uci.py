@@ -17,10 +17,10 @@ from ngvi.baselines import BBVI
 from ngvi.experiments.cli import main
 from ngvi.experiments.core.report import bold_set, fmt_mean_se
 from ngvi.experiments.core.tuning import LogUniform
-from ngvi.experiments.uci.experiment import STANDARD_SETS, fit_seconds, shipped_hparams
+from ngvi.experiments.uci.experiment import STANDARD_SETS, _prior_prec_cell, fit_seconds, shipped_hparams
 from ngvi.experiments.uci.methods import METHODS
 from ngvi.experiments.uci.report import METRICS, _per_split, build_table
-from ngvi.experiments.uci.tuning import search_space, tau_at_bound, tune
+from ngvi.experiments.uci.tuning import prior_prec_at_bound, search_space, tau_at_bound, tune
 
 AVAILABLE = [name for name, m in METHODS.items() if m.method.available()]
 
@@ -202,6 +202,20 @@ def test_tau_on_the_edge_of_its_box_is_marked():
     assert tau_at_bound("naval-propulsion-plant", {**old, "noise_prec": math.e}) == 1.0
     assert tau_at_bound("yacht", {**old, "noise_prec": 148.4, "noise_prec_box": [0.0, 9.0]}) is None
     assert tau_at_bound("yacht", {**old, "noise_prec": math.exp(9.0), "noise_prec_box": [0.0, 9.0]}) == 9.0
+
+
+def test_prior_prec_on_the_edge_of_its_box_is_marked():
+    """λ's box is Khan et al.'s, log λ ∈ [−4, 4] ([−3, 4] for naval and power); a tuned λ on a bound is
+    marked in the table, MC dropout's fixed λ (Gal's 10⁻⁴) never."""
+    assert search_space("power-plant", METHODS["vadam"])["prior_prec"] == LogUniform(-3.0, 4.0)
+    entry = {"noise_prec": 10.0, "source": "bo"}
+    assert prior_prec_at_bound("yacht", {**entry, "prior_prec": 54.598150033144236}) == 4.0
+    assert prior_prec_at_bound("kin8nm", {**entry, "prior_prec": 0.01831563888873418}) == -4.0
+    assert prior_prec_at_bound("power-plant", {**entry, "prior_prec": 0.049787068367863944}) == -3.0
+    assert prior_prec_at_bound("yacht", {**entry, "prior_prec": 0.049787068367863944}) is None
+    edge = _prior_prec_cell("yacht/bbvi", {**entry, "prior_prec": math.exp(4.0)})
+    assert edge == "54.6 **at e^4 (box edge)**"
+    assert _prior_prec_cell("yacht/mc_dropout", {**entry, "prior_prec": 1e-4}) == "0.0001"
 
 
 def test_merge_builds_one_table_from_pieces(tmp_path, capsys, data_dir):

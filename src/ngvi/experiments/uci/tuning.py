@@ -43,21 +43,33 @@ def tau_box(dataset: str, log_max: float = LOG_TAU_MAX) -> tuple[float, float]:
     return (0.0 if dataset not in ("naval-propulsion-plant", "power-plant") else 1.0, log_max)
 
 
+def prior_prec_box(dataset: str) -> tuple[float, float]:
+    """(log λ_min, log λ_max) of the search (Khan et al.'s box, never widened)."""
+    return (-3.0, 4.0) if dataset in ("naval-propulsion-plant", "power-plant") else (-4.0, 4.0)
+
+
+def _at_bound(value: float, box: Sequence[float]) -> float | None:
+    """The bound of ``box`` (natural logs) that ``value`` sits on, else None. "On" is within ``EDGE`` in
+    the log: the GP's optimum on a slope that goes on past the bound lands a hair inside it (energy's noisy
+    K-FAC: log τ = 4.994)."""
+    return next((b for b in box if abs(math.log(value) - b) <= EDGE), None)
+
+
 def tau_at_bound(dataset: str, entry: dict[str, Any]) -> float | None:
-    """The bound (log τ) of its box that the tuned τ of ``entry`` sits on, else None. "On" is within
-    ``EDGE`` in log τ: the GP's optimum on a slope that goes on past the bound lands a hair inside it
-    (energy's noisy K-FAC: log τ = 4.994)."""
-    box = entry.get("noise_prec_box") or tau_box(dataset, KHAN_LOG_TAU_MAX)
-    log_tau = math.log(entry["noise_prec"])
-    return next((b for b in box if abs(log_tau - b) <= EDGE), None)
+    """The bound (log τ) of its box that the tuned τ of ``entry`` sits on, else None."""
+    return _at_bound(entry["noise_prec"], entry.get("noise_prec_box") or tau_box(dataset, KHAN_LOG_TAU_MAX))
+
+
+def prior_prec_at_bound(dataset: str, entry: dict[str, Any]) -> float | None:
+    """The bound (log λ) of its box that the tuned λ of ``entry`` sits on, else None."""
+    return _at_bound(entry["prior_prec"], prior_prec_box(dataset))
 
 
 def search_space(dataset: str, method: UCIMethod, data_dir: str | None = None) -> Space:
     """log τ and log λ (natural logs), or τ and Gal's dropout rates for MC dropout (λ fixed)."""
-    wide = dataset not in ("naval-propulsion-plant", "power-plant")
     space: Space = {"noise_prec": LogUniform(*tau_box(dataset))}
     if "prior_prec" not in method.fixed:
-        space["prior_prec"] = LogUniform(-4.0, 4.0) if wide else LogUniform(-3.0, 4.0)
+        space["prior_prec"] = LogUniform(*prior_prec_box(dataset))
     if method.tunes_dropout:
         space["dropout"] = Choice(tuple(sorted(uci_info(dataset, data_dir).dropout_rates)))
     return space

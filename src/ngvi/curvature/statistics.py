@@ -112,8 +112,9 @@ def kfac_factors(
 ) -> tuple[Tensor, Tensor]:
     """A [G, d', d'] and S [G, o, o]; d' = d (weight) + 1 (bias), counting only the trained parameters.
 
-    Both are views of one buffer [vec A, vec S] (:func:`flat_factors` returns it): the products write into
-    it directly, so a large factor is neither zero-filled nor copied (the bias row and column included)."""
+    Both are views of one buffer [vec A, vec S] (:func:`flat_factors` returns it), filled in place: no zero
+    fill, no concatenation of the bias row and column, and (one call, one chunk: Linear layers) not even a
+    copy of āᵀā, whose product writes into A's block."""
     dtype = module.weight.dtype
     device = calls[0].x.device
     batch = calls[0].x.shape[0]

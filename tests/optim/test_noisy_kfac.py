@@ -420,3 +420,36 @@ def test_auto_sampling_handles_sequences_and_shared_layers_and_local_refuses_the
         local.step(flat_twice)
     with pytest.raises(ValueError, match=r"sampling must be one of \('auto', 'local', 'weights'\)"):
         ngvi.NoisyKFAC(layer, 10, sampling="rows")
+
+
+@pytest.mark.parametrize("make", ["noisy_weights", "noisy_auto", "kfac"])
+def test_a_step_neither_concatenates_nor_copies_layer_blocks_or_factors(make):
+    """The step's large tensors are written once: the factors by their products (no zero fill or cat), their
+    EMA over the step's own Â, Ŝ (lerp with out=, not a fresh copy each step), V = ĝ + γM into one block
+    (not cat(ĝ), cat(M), then the sum). These copies were a third of a CNN step; the values stay bitwise
+    (tests/test_golden.py). (The profiler records no shapes for cat's list input, so the lerp, fill and copy
+    checks are the ones that bite.)"""
+    model = conv_net()
+    x, y = batch()
+    if make == "kfac":
+        opt = ngvi.baselines.KFAC(model, 100, inv_every=5)
+    else:
+        opt = ngvi.NoisyKFAC(model, 100, inv_every=5, sampling=make.split("_")[1])
+    closure = ef_closure(opt, model, x, y)
+    for _ in range(2):
+        opt.step(closure)
+    shapes = set()  # every layer's block, factors, and their flat forms
+    for i in range(len(opt._hooks.layers)):
+        g, o, d = opt._block_dims(i)
+        shapes |= {(g, o, d), (g, d, d), (g, o, o), (g, d - 1, d - 1), (g * d * d,), (g * o * o,)}
+        shapes |= {(g * (d * d + o * o),)}
+    with torch.profiler.profile(record_shapes=True) as prof:
+        opt.step(closure)
+    copies = {"aten::cat", "aten::fill_", "aten::zero_", "aten::zeros", "aten::copy_", "aten::clone"}
+    big = [
+        (e.name, e.input_shapes)
+        for e in prof.events()
+        if (e.name in copies or (e.name == "aten::lerp" and len(e.input_shapes) < 4))  # (4: with out=)
+        and any(tuple(shape) in shapes for shape in e.input_shapes)
+    ]
+    assert not big, big

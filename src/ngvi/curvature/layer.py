@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from .. import _validation as check
 from .._tensorlist import TensorList
+from . import statistics
 from .estimators import CurvatureEstimator, CurvatureInput
 from .hooks import CurvatureHooks
 from .likelihoods import Likelihood, make_likelihood
@@ -202,7 +203,7 @@ class KroneckerFactors(LayerCurvature):
                 missing.append(p)
             else:
                 a, s = factors[i]
-                out.append(torch.cat([a.reshape(-1), s.reshape(-1)]))
+                out.append(statistics.flat_factors(a, s))
         if missing:
             raise self.missing(missing)
         return TensorList(out)

@@ -110,36 +110,79 @@ def kfac_factors(
     bias: bool,
     chunk_bytes: int,
 ) -> tuple[Tensor, Tensor]:
-    """A [G, d', d'] and S [G, o, o]; d' = d (weight) + 1 (bias), counting only the trained parameters."""
+    """A [G, d', d'] and S [G, o, o]; d' = d (weight) + 1 (bias), counting only the trained parameters.
+
+    Both are views of one buffer [vec A, vec S] (:func:`flat_factors` returns it), filled in place: no zero
+    fill, no concatenation of the bias row and column, and (one call, one chunk: Linear layers) not even a
+    copy of āᵀā, whose product writes into A's block."""
     dtype = module.weight.dtype
+    device = calls[0].x.device
     batch = calls[0].x.shape[0]
     groups, rows, cols = kind.weight_block(module)
-    s_acc = torch.zeros(groups, rows, rows, dtype=dtype, device=calls[0].x.device)
-    aa = s_acc.new_zeros(groups, cols, cols) if weight else None  # Σ a aᵀ
-    a_sum = s_acc.new_zeros(groups, cols) if weight and bias else None  # Σ a (the bias cross-term)
+    width = (cols if weight else 0) + bias
+    flat = torch.empty(groups * (width * width + rows * rows), dtype=dtype, device=device)
+    a_out = flat[: groups * width * width].view(groups, width, width)
+    s_acc = flat[groups * width * width :].view(groups, rows, rows)
+    chunks = [_chunk(kind, module, c, groups * cols, dtype, chunk_bytes) for c in calls]
+    single = len(calls) == 1 and chunks[0] >= batch
+    # one product writes straight into A's block; several accumulate in a contiguous block (baddbmm_ on a
+    # strided view would copy it for each product), copied into A once
+    aa = None if not weight else a_out[:, :cols, :cols] if single or not bias else None
+    a_sum = None  # Σ a (the bias cross-term)
     positions = 0
-    for call in calls:
+    for call, chunk in zip(calls, chunks, strict=True):
         g = kind.grads(module, call.grad.to(dtype))
         t = g.shape[2]
+        flat_g = g.transpose(0, 1).reshape(groups, batch * t, rows)
+        _accumulate(s_acc, flat_g.transpose(1, 2), flat_g, first=positions == 0)
+        if weight:
+            for start in range(0, batch, chunk):
+                stop = min(batch, start + chunk)
+                a = kind.acts(module, call.x, start, stop).to(dtype)
+                a = a.transpose(0, 1).reshape(groups, (stop - start) * t, cols)
+                if aa is None:
+                    aa = torch.bmm(a.transpose(1, 2), a)
+                else:
+                    _accumulate(aa, a.transpose(1, 2), a, first=positions == 0 and start == 0)
+                if bias:
+                    a_sum = a.sum(1) if a_sum is None else a_sum.add_(a.sum(1))
         positions += t
-        flat = g.transpose(0, 1).reshape(groups, batch * t, rows)
-        s_acc.baddbmm_(flat.transpose(1, 2), flat)
-        if not weight:
-            continue
-        chunk = max(1, chunk_bytes // (2 * groups * t * cols * torch.finfo(dtype).bits // 8))  # + a copy
-        for start in range(0, batch, chunk):
-            stop = min(batch, start + chunk)
-            a = kind.acts(module, call.x, start, stop).to(dtype)
-            a = a.transpose(0, 1).reshape(groups, (stop - start) * t, cols)
-            aa.baddbmm_(a.transpose(1, 2), a)
-            if a_sum is not None:
-                a_sum.add_(a.sum(1))
+    if weight and aa.data_ptr() != a_out.data_ptr():
+        a_out[:, :cols, :cols] = aa
     s_acc.mul_(scale * scale / (batch * positions))
-    if not bias:
-        return aa.div_(batch), s_acc
-    count = s_acc.new_full((groups, 1, 1), float(batch * positions))  # Σᵢ Σₜ 1·1
-    if not weight:
-        return count.div_(batch), s_acc
-    top = torch.cat([aa, a_sum.unsqueeze(2)], dim=2)
-    bottom = torch.cat([a_sum.unsqueeze(1), count], dim=2)
-    return torch.cat([top, bottom], dim=1).div_(batch), s_acc
+    if bias:
+        a_out[:, width - 1, width - 1] = float(batch * positions)  # Σᵢ Σₜ 1·1
+        if weight:
+            a_out[:, :cols, cols] = a_sum
+            a_out[:, cols, :cols] = a_sum
+    return a_out.div_(batch), s_acc
+
+
+def _chunk(kind: LayerKind, module: nn.Module, call: Call, width: int, dtype: torch.dtype, limit: int) -> int:
+    """Examples per product so that a chunk of unfolded inputs (and its copy) stays within ``limit`` bytes."""
+    positions = kind.grads(module, call.grad).shape[2]
+    return max(1, limit // (2 * positions * width * torch.finfo(dtype).bits // 8))
+
+
+def _accumulate(out: Tensor, x: Tensor, y: Tensor, *, first: bool) -> None:
+    """out ← x @ y on the first product (no zero fill), out += x @ y after (bitwise 0 + x @ y, then the
+    same baddbmm_)."""
+    if first:
+        torch.bmm(x, y, out=out)
+    else:
+        out.baddbmm_(x, y)
+
+
+def flat_factors(a: Tensor, s: Tensor) -> Tensor:
+    """[vec A, vec S]: the buffer that :func:`kfac_factors` wrote them into, or a copy of other factors."""
+    base = a._base
+    if (
+        base is not None
+        and s._base is base
+        and base.numel() == a.numel() + s.numel()
+        and a.data_ptr() == base.data_ptr()
+        and a.is_contiguous()
+        and s.is_contiguous()
+    ):
+        return base
+    return torch.cat([a.reshape(-1), s.reshape(-1)])

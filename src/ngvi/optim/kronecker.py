@@ -156,6 +156,20 @@ class KroneckerFamily(VariationalOptimizer):
         groups, rows, _ = self._block_dims(index)
         return join_block(tensors, groups, rows)
 
+    def _prior_gradient(
+        self, index: int, grads: list[Tensor], means: list[Tensor], gamma_in: float
+    ) -> Tensor:
+        """V = ĝ + γ_in M as one block, each parameter's part written in place (bitwise the sum of the
+        joined blocks, without concatenating ĝ and M first)."""
+        groups, rows, cols = self._block_dims(index)
+        v = grads[0].new_empty(groups, rows, cols)
+        start = 0
+        for g, m in zip(grads, means, strict=True):
+            g, m = g.reshape(groups, rows, -1), m.reshape(groups, rows, -1)
+            torch.add(g, m, alpha=gamma_in, out=v[..., start : start + g.shape[-1]])
+            start += g.shape[-1]
+        return v
+
     def _split(self, index: int, block: Tensor) -> list[Tensor]:
         groups, rows, _ = self._block_dims(index)
         return split_block(block, [p.shape for p in self._hooks.layers[index].params], groups, rows)
@@ -218,18 +232,14 @@ class KroneckerFamily(VariationalOptimizer):
                 count = st["factor_updates"] + 1
                 flat = curvs[ks[0]]
                 a_hat, s_hat = flat[: a.numel()].view_as(a), flat[a.numel() :].view_as(s)
-                a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, self._factor_step(group, count))  # (12)
+                weight = self._factor_step(group, count)  # (12), over the step's own Â, Ŝ (then discarded)
+                a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, weight, into_hats=True)
                 new.update(factor_A=a, factor_S=s, factor_updates=count)
             if invert:
                 new.update(self._inverses(group, a, s))  # (13)
             a_inv, s_inv = new.get("A_inv", st["A_inv"]), new.get("S_inv", st["S_inv"])
-            step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹
-                self._join(i, [grads[k] for k in ks]),
-                self._join(i, [means[k] for k in ks]),
-                a_inv,
-                s_inv,
-                gamma_in=gamma_in,
-            )
+            v = self._prior_gradient(i, [grads[k] for k in ks], [means[k] for k in ks], gamma_in)
+            step = F.kfac_precondition(v, a_inv, s_inv)  # S⁻¹ (ĝ + γ_in M) A⁻¹
             pending.append((i, ks, st, new, self._heavy_ball(group, step, st, new)))
         for i, ks, st, new, step in pending:
             st.update(new)

@@ -13,7 +13,7 @@ import torch
 import ngvi
 from ngvi.experiments.cli import main
 from ngvi.experiments.rl import ddpg
-from ngvi.experiments.rl.variants import VARIANTS, ExplorationVadam, SeparateGaussian
+from ngvi.experiments.rl.variants import VARIANTS, ActionNoise, ExplorationVadam, SeparateGaussian
 
 gym = pytest.importorskip("gymnasium")
 
@@ -109,6 +109,33 @@ def test_separate_gaussian_hands_the_reparameterisation_gradients_to_mean_and_va
     vo.step()
     torch.testing.assert_close(w.detach(), torch.tensor([0.5, -1.0, 2.0]) - 0.1 * theta)
     assert bool((vo.var[0] >= vo.min_var).all())
+
+
+def test_adam_action_acts_with_mu_plus_clipped_gaussian_action_noise_and_steps_as_adam():
+    env = gym.make("Pendulum-v1")  # actions in [−2, 2]
+    a, plain = agent("adam_action", seed=3), agent("adam_plain", seed=3)
+    buffer = ddpg.make_buffer(env, 1000)
+    obs, _ = env.reset(seed=0)
+    draws = np.random.default_rng(3)  # the variant's own stream, seeded as the agent
+    for _ in range(5):
+        mu = a.act(obs)
+        with a.policy.sampled_params():  # acts with μ: nothing is sampled in weight space
+            np.testing.assert_array_equal(a.act(obs), mu)
+        expected = np.clip(mu + draws.normal(0.0, 0.1 * 2.0, size=mu.shape), -2.0, 2.0).astype(np.float32)
+        obs, _, _ = ddpg.train_step(a, env, buffer, obs)
+        np.testing.assert_array_equal(buffer.actions[buffer.pos - 1, 0], expected)  # stored noisy
+    assert a.policy.explore(np.array([1.99, -1.99, 0.0], dtype=np.float32), 2.0).dtype == np.float32
+    clipped = a.policy.explore(np.full(10_000, 1.95, dtype=np.float32), 2.0)
+    assert clipped.max() == 2.0 and clipped.min() < 1.95  # noise on both sides, never past the bound
+    # the weights learn as Adam-Plain's: same initialisation, same optimizer
+    assert all(torch.equal(p, q) for p, q in zip(a.actor.parameters(), plain.actor.parameters(), strict=True))
+    assert type(a.policy.optimizer) is type(plain.policy.optimizer)
+    assert a.policy.optimizer.defaults == plain.policy.optimizer.defaults
+
+
+def test_action_noise_scale_must_be_positive():
+    with pytest.raises(ValueError, match=r"the action-noise scale must be > 0, got 0\.0"):
+        ActionNoise(torch.optim.Adam([torch.zeros(1, requires_grad=True)]), 0.0, seed=0)
 
 
 def test_rl_quick_on_pendulum_through_the_cli(tmp_path):

@@ -25,7 +25,7 @@ from .variants import VARIANTS
 
 COLORS = {
     "vadagrad": "tab:green", "vadam": "tab:blue", "sgd_plain": "tab:gray", "adam_plain": "tab:orange",
-    "sgd_explore": "tab:olive", "adam_explore": "tab:red",
+    "sgd_explore": "tab:olive", "adam_explore": "tab:red", "adam_action": "tab:purple",
 }  # fmt: skip
 ADAM_FAMILY = ("vadam", "adam_plain", "adam_explore")  # Fig. 5
 DEFAULTS = {"env": "HalfCheetah-v5", "steps": 3_000_000, "eval_every": 10_000, "test_episodes": 20}  # App. K

@@ -205,6 +205,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("adam_action", "Adam-Action", lambda p, s: ActionNoise(_adam(1e-4)(p), ACTION_NOISE, s)),
     )
 }  # fmt: skip
+#: the six of the paper (the others are ours)
+TABLE3 = ("vadagrad", "vadam", "sgd_plain", "adam_plain", "sgd_explore", "adam_explore")
 
 
 def search_std(trainer: Any) -> list[Tensor] | None:

@@ -168,6 +168,18 @@ def test_paired_area_difference_is_seed_by_seed_with_a_paired_t_test():
     assert f"{row}{p:.2g}) |" in table
 
 
+def test_the_default_variants_are_the_papers_six_without_adam_action():
+    import argparse
+
+    from ngvi.experiments.rl.experiment import EXPERIMENT
+    from ngvi.experiments.rl.variants import TABLE3
+
+    parser = argparse.ArgumentParser()
+    EXPERIMENT.add_arguments(parser)
+    assert parser.parse_args([]).variants == list(TABLE3)  # `ngvi rl` stays the paper's run
+    assert parser.parse_args(["--variants", "adam_action,vadam"]).variants == ["adam_action", "vadam"]
+
+
 def test_a_baseline_outside_the_variants_is_one_line(tmp_path, capsys):
     argv = ["rl", "--quick", "--variants", "vadam", "--baseline", "adam_action", "--out", str(tmp_path)]
     assert main(argv) == 2

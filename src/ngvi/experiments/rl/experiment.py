@@ -21,7 +21,7 @@ from ..core import args as types
 from ..core.results import ResultsFolder
 from ..core.runner import Experiment, Job, Run
 from .report import plot, table
-from .variants import VARIANTS
+from .variants import TABLE3, VARIANTS
 
 DEFAULTS = {"env": "HalfCheetah-v5", "steps": 3_000_000, "eval_every": 10_000, "test_episodes": 20}  # App. K
 QUICK = {"env": "Pendulum-v1", "steps": 300, "eval_every": 150, "test_episodes": 1}
@@ -43,7 +43,13 @@ class RL(Experiment):
     help = "DDPG with the actor sampled from q at every step (Khan et al. 2018, App. K): test return vs steps"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        types.add_subset(parser, "--variants", VARIANTS)
+        types.add_subset(
+            parser,
+            "--variants",
+            VARIANTS,
+            f"comma-separated subset of: {', '.join(VARIANTS)} (default: Table 3's six, all but adam_action)",
+            default=list(TABLE3),
+        )
         parser.add_argument(
             "--env",
             default=None,

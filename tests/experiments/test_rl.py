@@ -12,8 +12,8 @@ import torch
 
 import ngvi
 from ngvi.experiments.cli import main
-from ngvi.experiments.rl import ddpg
-from ngvi.experiments.rl.variants import VARIANTS, ExplorationVadam, SeparateGaussian
+from ngvi.experiments.rl import ddpg, report
+from ngvi.experiments.rl.variants import VARIANTS, ActionNoise, ExplorationVadam, SeparateGaussian
 
 gym = pytest.importorskip("gymnasium")
 
@@ -111,6 +111,83 @@ def test_separate_gaussian_hands_the_reparameterisation_gradients_to_mean_and_va
     assert bool((vo.var[0] >= vo.min_var).all())
 
 
+def test_adam_action_acts_with_mu_plus_clipped_gaussian_action_noise_and_steps_as_adam():
+    env = gym.make("Pendulum-v1")  # actions in [−2, 2]
+    a, plain = agent("adam_action", seed=3), agent("adam_plain", seed=3)
+    buffer = ddpg.make_buffer(env, 1000)
+    obs, _ = env.reset(seed=0)
+    draws = np.random.default_rng(3)  # the variant's own stream, seeded as the agent
+    for _ in range(5):
+        mu = a.act(obs)
+        with a.policy.sampled_params():  # acts with μ: nothing is sampled in weight space
+            np.testing.assert_array_equal(a.act(obs), mu)
+        expected = np.clip(mu + draws.normal(0.0, 0.1 * 2.0, size=mu.shape), -2.0, 2.0).astype(np.float32)
+        obs, _, _ = ddpg.train_step(a, env, buffer, obs)
+        np.testing.assert_array_equal(buffer.actions[buffer.pos - 1, 0], expected)  # stored noisy
+    assert a.policy.explore(np.array([1.99, -1.99, 0.0], dtype=np.float32), 2.0).dtype == np.float32
+    clipped = a.policy.explore(np.full(10_000, 1.95, dtype=np.float32), 2.0)
+    assert clipped.max() == 2.0 and clipped.min() < 1.95  # noise on both sides, never past the bound
+    # the weights learn as Adam-Plain's: same initialisation, same optimizer
+    assert all(torch.equal(p, q) for p, q in zip(a.actor.parameters(), plain.actor.parameters(), strict=True))
+    assert type(a.policy.optimizer) is type(plain.policy.optimizer)
+    assert a.policy.optimizer.defaults == plain.policy.optimizer.defaults
+
+
+def test_action_noise_scale_must_be_positive():
+    with pytest.raises(ValueError, match=r"the action-noise scale must be > 0, got 0\.0"):
+        ActionNoise(torch.optim.Adam([torch.zeros(1, requires_grad=True)]), 0.0, seed=0)
+
+
+def _curve(steps: list[int], returns: list[float]) -> dict:
+    return {"step": steps, "test_return": returns, "median_search_std": [None], "seconds": 1.0}
+
+
+def test_area_is_the_trapezoid_area_from_step_0_over_the_steps():
+    # 0 → 10 linearly over the first 10 steps, then 10 for 20 more: (½·10·10 + 20·10) / 30
+    assert report.area(_curve([0, 10, 30], [0.0, 10.0, 10.0])) == pytest.approx(25 / 3, rel=1e-12)
+    assert report.area(_curve([0, 5, 10], [-3.0, -3.0, -3.0])) == pytest.approx(-3.0, rel=1e-12)
+
+
+def test_paired_area_difference_is_seed_by_seed_with_a_paired_t_test():
+    from scipy import stats
+
+    base = [_curve([0, 10], [r, r]) for r in (0.0, 100.0, -50.0)]  # constant curves: area = the value
+    other = [
+        _curve([0, 10], [r + d, r + d]) for r, d in zip((0.0, 100.0, -50.0), (1.0, 2.0, -0.5), strict=True)
+    ]
+    mean, se, wins, p = report.paired({"vadam": other, "adam_action": base}, "vadam", "adam_action")
+    d = np.array([1.0, 2.0, -0.5])
+    se_hand = d.std(ddof=1) / np.sqrt(3)
+    assert mean == pytest.approx(2.5 / 3, rel=1e-12) and se == pytest.approx(se_hand, rel=1e-12)
+    assert wins == 2
+    assert p == pytest.approx(2 * stats.t.sf(d.mean() / se_hand, df=2), rel=1e-9)
+    table = report.table({"adam_action": base, "vadam": other}, {"env": "E", "steps": 10, "eval_every": 10,
+                         "test_episodes": 1}, baseline="adam_action")  # fmt: skip
+    assert "area − Adam-Action's, paired by seed" in table
+    row = "| Vadam | 17.50 ± 44.79 | 17.50 ± 44.79 | 17.50 ± 44.79 | 0.83 ± 0.73 (2/3 seeds higher, p = "
+    assert f"{row}{p:.2g}) |" in table
+
+
+def test_the_default_variants_are_the_papers_six_without_adam_action():
+    import argparse
+
+    from ngvi.experiments.rl.experiment import EXPERIMENT
+    from ngvi.experiments.rl.variants import TABLE3
+
+    parser = argparse.ArgumentParser()
+    EXPERIMENT.add_arguments(parser)
+    assert parser.parse_args([]).variants == list(TABLE3)  # `ngvi rl` stays the paper's run
+    assert parser.parse_args(["--variants", "adam_action,vadam"]).variants == ["adam_action", "vadam"]
+
+
+def test_a_baseline_outside_the_variants_is_one_line(tmp_path, capsys):
+    argv = ["rl", "--quick", "--variants", "vadam", "--baseline", "adam_action", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "--baseline adam_action is not among --variants (vadam): add it" in err
+
+
 def test_rl_quick_on_pendulum_through_the_cli(tmp_path):
     out = tmp_path / "rl"
     args = [
@@ -118,6 +195,8 @@ def test_rl_quick_on_pendulum_through_the_cli(tmp_path):
         "--quick",
         "--variants",
         "vadam,adam_plain",
+        "--baseline",
+        "adam_plain",
         "--seeds",
         "1",
         "--out",
@@ -128,7 +207,8 @@ def test_rl_quick_on_pendulum_through_the_cli(tmp_path):
     assert main(args) == 0
     png = (out / "rl.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    assert "| Vadam |" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "| Vadam |" in table and "area − Adam-Plain's, paired by seed" in table
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert set(runs) == {"vadam/seed0", "adam_plain/seed0"}
     for r in runs.values():

@@ -97,6 +97,11 @@ class DDPG:
         """The action of the actor's current weights (a sample θ_t inside ``policy.sampled_params``)."""
         return self.actor(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0))[0].numpy()
 
+    def explore(self, action: np.ndarray) -> np.ndarray:
+        """The action with the policy trainer's action noise, if any (the others explore through θ_t)."""
+        noise = getattr(self.policy, "explore", None)
+        return action if noise is None else noise(action, self.actor.act_scale)
+
     def critic_step(
         self, obs: Tensor, action: Tensor, reward: Tensor, next_obs: Tensor, done: Tensor
     ) -> float:
@@ -141,7 +146,7 @@ def train_step(agent: DDPG, env: Any, buffer: Any, obs: np.ndarray) -> tuple[np.
     (lines 5–9) starts once the buffer holds a minibatch."""
     learn = buffer.size() >= agent.config.batch_size
     with agent.policy.sampled_params(train=learn):  # line 3: θ_t ~ q, restored to μ on exit
-        action = agent.act(obs)  # line 4
+        action = agent.explore(agent.act(obs))  # line 4
         next_obs, reward, terminated, truncated, _ = env.step(action)
         # a time limit is not a terminal state: the buffer keeps bootstrapping through it
         info = {"TimeLimit.truncated": truncated and not terminated}

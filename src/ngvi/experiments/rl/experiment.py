@@ -18,16 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..core import args as types
-from ..core.report import figure, fmt_mean_se, markdown_table, mean_se, save_figure
 from ..core.results import ResultsFolder
 from ..core.runner import Experiment, Job, Run
-from .variants import VARIANTS
+from .report import plot, table
+from .variants import TABLE3, VARIANTS
 
-COLORS = {
-    "vadagrad": "tab:green", "vadam": "tab:blue", "sgd_plain": "tab:gray", "adam_plain": "tab:orange",
-    "sgd_explore": "tab:olive", "adam_explore": "tab:red",
-}  # fmt: skip
-ADAM_FAMILY = ("vadam", "adam_plain", "adam_explore")  # Fig. 5
 DEFAULTS = {"env": "HalfCheetah-v5", "steps": 3_000_000, "eval_every": 10_000, "test_episodes": 20}  # App. K
 QUICK = {"env": "Pendulum-v1", "steps": 300, "eval_every": 150, "test_episodes": 1}
 
@@ -48,7 +43,13 @@ class RL(Experiment):
     help = "DDPG with the actor sampled from q at every step (Khan et al. 2018, App. K): test return vs steps"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        types.add_subset(parser, "--variants", VARIANTS)
+        types.add_subset(
+            parser,
+            "--variants",
+            VARIANTS,
+            f"comma-separated subset of: {', '.join(VARIANTS)} (default: Table 3's six, all but adam_action)",
+            default=list(TABLE3),
+        )
         parser.add_argument(
             "--env",
             default=None,
@@ -59,6 +60,12 @@ class RL(Experiment):
         types.add_count(parser, "--test-episodes", None, "episodes per test (default 20; --quick: 1)")
         types.add_count(parser, "--seeds", 3, "seeds per variant (default 3)")
         parser.add_argument("--first-seed", type=types.non_negative_int, default=0)
+        parser.add_argument(
+            "--baseline",
+            choices=sorted(VARIANTS),
+            default=None,
+            help="report every variant's area under the test curve minus this variant's, paired by seed",
+        )
         types.add_quick(
             parser,
             "CI smoke run: Pendulum-v1, 300 steps, 2 tests of 1 episode (options given explicitly win)",
@@ -73,6 +80,10 @@ class RL(Experiment):
         if config["eval_every"] > config["steps"]:
             raise ValueError(
                 f"--eval-every ({config['eval_every']}) is more than --steps ({config['steps']})"
+            )
+        if args.baseline is not None and args.baseline not in args.variants:
+            raise ValueError(
+                f"--baseline {args.baseline} is not among --variants ({','.join(args.variants)}): add it"
             )
         return config
 
@@ -158,71 +169,10 @@ class RL(Experiment):
     def report(self, args: argparse.Namespace, run: Run) -> None:
         config = self.config(args)
         done = {v: [run.results["runs"][f"{v}/seed{s}"] for s in self._seeds(args)] for v in args.variants}
-        (run.out / "table.md").write_text(_table(done, config))
+        (run.out / "table.md").write_text(table(done, config, args.baseline))
         plot(done, run.out / "rl.png", config)
         print((run.out / "table.md").read_text())
         print(f"wrote {run.out / 'rl.png'}, {run.out / 'table.md'} and {run.out / 'results.json'}")
-
-
-def _table(done: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> str:
-    seeds = len(next(iter(done.values())))
-    rows = []
-    for name, results in done.items():
-        final = mean_se(r["test_return"][-1] for r in results)
-        area = mean_se(np.mean(r["test_return"][1:]) for r in results)
-        best = mean_se(max(r["test_return"][1:]) for r in results)
-        std = [r["median_search_std"][-1] for r in results]
-        seconds = np.mean([r["seconds"] for r in results])
-        rows.append([
-            VARIANTS[name].label, fmt_mean_se(*final[:2]), fmt_mean_se(*area[:2]), fmt_mean_se(*best[:2]),
-            "—" if std[0] is None else f"{np.mean(std):.2g}", f"{seconds:.0f}",
-        ])  # fmt: skip
-    head = (
-        f"# ngvi rl: DDPG on {config['env']}, {config['steps']:,} steps, actor sampled at every step "
-        "(Khan et al. 2018, App. K)\n\n"
-        f"Test return: mean over {config['test_episodes']} episode(s) acting with μ, every "
-        f"{config['eval_every']:,} steps; mean ± s.e. over {seeds} seed(s). The paper gives its curves "
-        "(Figs. 5–6) only as plots.\n\n"
-    )
-    header = [
-        "variant",
-        "final test return",
-        "mean over the tests",
-        "best test",
-        "median σ at the end",
-        "train time [s]",
-    ]
-    return head + markdown_table(header, rows)
-
-
-def plot(done: dict[str, list[dict[str, Any]]], path, config: dict[str, Any]) -> None:
-    """Test return against steps, mean ± s.e. over seeds: the Adam family (Fig. 5) and all six (Fig. 6)."""
-    adam = [v for v in ADAM_FAMILY if v in done]
-    panels = [("Vadam, Adam-Plain, Adam-Explore (cf. Fig. 5)", adam)] if adam else []
-    if set(done) - set(ADAM_FAMILY):
-        title = "all six variants (cf. Fig. 6)" if len(done) == len(VARIANTS) else "variants run (cf. Fig. 6)"
-        panels.append((title, list(done)))
-    fig, axes = figure(len(panels), cols=2, size=(5.2, 3.6))
-    for ax, (title, names) in zip(axes, panels, strict=True):
-        for name in names:
-            results = done[name]
-            steps = np.array(results[0]["step"])
-            returns = np.array([r["test_return"] for r in results])
-            mean = returns.mean(0)
-            ax.plot(steps, mean, color=COLORS[name], lw=1.6, label=VARIANTS[name].label)
-            if len(results) > 1:
-                se = returns.std(0, ddof=1) / np.sqrt(len(results))
-                ax.fill_between(steps, mean - se, mean + se, color=COLORS[name], alpha=0.2, lw=0)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("environment steps", fontsize=8)
-        ax.set_ylabel(f"test return ({config['test_episodes']} ep., μ)", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
-        ax.legend(fontsize=7, loc="best")
-    seeds = len(next(iter(done.values())))
-    spread = f"mean ± s.e. over {seeds} seeds" if seeds > 1 else "one seed"
-    fig.suptitle(f"DDPG on {config['env']}: {spread}", fontsize=10)
-    save_figure(fig, path, dpi=120)
 
 
 EXPERIMENT = RL()

@@ -20,6 +20,10 @@ SGD-Explore    eq. 111: SGD on μ (α = 10⁻⁴) and on σ²      N(μ, σ²), 
 Adam-Explore   eq. 111: Adam on μ and, separately, on σ²   N(μ, σ²), σ₁² = 10⁻⁴
                (α^(σ) = 10⁻², (0.9, 0.999))
 =============  =========================================  =====================================
+
+Not in Table 3: Adam-Action (``adam_action``) is Adam-Plain acting with μ plus Gaussian *action* noise of
+standard deviation 0.1 × the action bound (the usual DDPG exploration, as Fujimoto et al. 2018): the baseline
+that parameter-space exploration has to beat.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -149,6 +154,26 @@ class Plain:
         self.optimizer.step()
 
 
+class ActionNoise(Plain):
+    """A torch optimizer on the actor's weights, acting with them plus Gaussian action noise: the action
+    a = π_μ(s) + ε, ε ~ N(0, (``scale`` · bound)²) per component, clipped to ±bound."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scale: float, seed: int):
+        if not scale > 0:
+            raise ValueError(f"the action-noise scale must be > 0, got {scale!r}")
+        super().__init__(optimizer)
+        self.scale = float(scale)
+        self.rng = np.random.default_rng(seed)  # not numpy's global, which the buffer samples with
+
+    def explore(self, action: np.ndarray, bound: float) -> np.ndarray:
+        noisy = action + self.rng.normal(0.0, self.scale * bound, size=action.shape)
+        return np.clip(noisy, -bound, bound).astype(action.dtype)
+
+
+#: the action noise of Adam-Action, as a fraction of the action bound (Fujimoto et al. 2018)
+ACTION_NOISE = 0.1
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -164,7 +189,7 @@ def _sgd(lr: float) -> Callable[[list[Tensor]], torch.optim.Optimizer]:
     return lambda params: torch.optim.SGD(params, lr=lr)
 
 
-#: Table 3 of App. K
+#: Table 3 of App. K, and the action-noise baseline
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
@@ -177,8 +202,11 @@ VARIANTS: dict[str, Variant] = {
                 lambda p, s: SeparateGaussian(p, _sgd(1e-4), _sgd(1e-2), seed=s)),
         Variant("adam_explore", "Adam-Explore",
                 lambda p, s: SeparateGaussian(p, _adam(1e-4), _adam(1e-2), seed=s)),
+        Variant("adam_action", "Adam-Action", lambda p, s: ActionNoise(_adam(1e-4)(p), ACTION_NOISE, s)),
     )
 }  # fmt: skip
+#: the six of the paper (the others are ours)
+TABLE3 = ("vadagrad", "vadam", "sgd_plain", "adam_plain", "sgd_explore", "adam_explore")
 
 
 def search_std(trainer: Any) -> list[Tensor] | None:

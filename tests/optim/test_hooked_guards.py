@@ -97,7 +97,7 @@ def with_empty_layer(info, empty: nn.Linear) -> nn.Module:
 def test_zero_size_parameters_are_refused_at_construction(info, shape):
     model = with_empty_layer(info, nn.Linear(*shape))
     name = f"{len(model) - 1}.weight"
-    where = rf"'{re.escape(name)}'" if info.cls.takes_model else r"param_groups\[0\]\['params'\]\[\d+\]"
+    where = rf"'{re.escape(name)}'" if info.takes_model else r"param_groups\[0\]\['params'\]\[\d+\]"
     rows, cols = shape[1], shape[0]
     with pytest.raises(ValueError, match=rf"{where} has shape \({rows}, {cols}\) and no elements.*freeze"):
         info.build(model)

@@ -92,12 +92,8 @@ class NoisyAdam(VariationalOptimizer):
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
         if isinstance(curvature, str) and curvature in TARGETS:
-            if not isinstance(params, nn.Module):
-                raise TypeError(
-                    f"NoisyAdam(curvature={curvature!r}) takes the model (an nn.Module) to hook its layers "
-                    f"for per-example gradients, got {type(params).__name__}; write NoisyAdam(model, "
-                    f"data_size, curvature={curvature!r})"
-                )
+            why = f"for curvature={curvature!r} (per-example gradients from hooks on its layers)"
+            check.model(params, "NoisyAdam", why)
             curvature = PerExampleGGN(
                 params,
                 curvature,

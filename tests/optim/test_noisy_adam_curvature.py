@@ -198,12 +198,17 @@ def test_per_example_noisy_adam_keeps_one_group_and_names_itself():
 
 
 def test_registry_builds_the_per_example_variant_for_uci_nng():
-    """noisy_adam_pe: noisy Adam with curvature='ef' from the model, with noisy_adam's uci-nng settings."""
+    """noisy_adam_pe / _fisher: noisy Adam with curvature='ef' / 'fisher' from the model, with noisy_adam's
+    uci-nng settings (the true Fisher's targets drawn with precision E_q[τ], as VOGN's and noisy K-FAC's)."""
     model = make_mlp()
     trainer = METHODS["noisy_adam_pe"].build(model, 64, lr=1e-2)
     assert isinstance(trainer, ngvi.NoisyAdam) and trainer.curvature == "ef" and trainer.model is model
     with pytest.raises(ValueError, match=r"method 'noisy_adam_pe' fixes \{'curvature': 'ef'\}; drop"):
         METHODS["noisy_adam_pe"].build(model, 64, curvature="grad2")
     assert UCI_NNG["noisy_adam_pe"].options(100) == UCI_NNG["noisy_adam"].options(100)
-    assert UCI_NNG["noisy_adam_pe"].published == "NNG-FFG"
-    assert not UCI_NNG["noisy_adam_pe"].copies  # weight draws one after another, as noisy_adam's
+    fisher = UCI_NNG["noisy_adam_fisher"]
+    assert fisher.options(100) == {**UCI_NNG["noisy_adam"].options(100), "likelihood": "gaussian"}
+    assert fisher.true_fisher and fisher.method.build(model, 64, likelihood="gaussian").curvature == "fisher"
+    for name in ("noisy_adam_pe", "noisy_adam_fisher"):
+        assert UCI_NNG[name].published == "NNG-FFG"
+        assert not UCI_NNG[name].copies  # weight draws one after another, as noisy_adam's

@@ -96,6 +96,14 @@ METHODS: dict[str, Method] = dict(
             fixed=(("curvature", "ef"),),
         ),
         _method(
+            "noisy_adam_fisher",
+            "Noisy Adam (per-example true Fisher)",
+            "NoisyAdam",
+            "noisy Adam with the per-example true Fisher, targets sampled (Zhang et al. 2018, eq. 11, fn. 1)",
+            takes_model=True,
+            fixed=(("curvature", "fisher"),),
+        ),
+        _method(
             "noisy_kfac",
             "Noisy K-FAC",
             "NoisyKFAC",

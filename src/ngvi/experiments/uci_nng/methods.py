@@ -12,7 +12,8 @@ K-FAC, NNG-BlkTri and noisy Adam: factors, or f, at 1). The other methods get th
 * noisy Adam (NNG-FFG, Alg. 1): α = 0.01, (β₁, β₂) = (0.9, 0.999) — the same α, momentum and Fisher EMA;
   f starts at 1. ``noisy_adam`` squares the minibatch gradient (Alg. 1 as written); ``noisy_adam_pe`` is the
   same with f from per-example squared gradients (``curvature="ef"``, eq. 11's Dw² per example), the
-  per-example Fisher scale that the minibatch square underestimates ~M-fold (docs/results/uci-nng).
+  per-example Fisher scale that the minibatch square underestimates ~M-fold (docs/results/uci-nng);
+  ``noisy_adam_fisher`` samples those examples' targets from the model (the true Fisher, NNG's fn. 1).
 * VOGN: NNG-FFG's family with per-example Gauss-Newton curvature: the K-FAC settings, s₀ = 1 (NNG's code
   starts its factors at the identity).
 * NNG-BlkTri: noisy K-FAC's settings (no per-example sampling: the layers are drawn jointly).
@@ -75,6 +76,13 @@ METHODS: dict[str, NNGMethod] = {
         NNGMethod("noisy_adam", lambda n: dict(NOISY_ADAM), published="NNG-FFG"),
         # the same weight draws and settings, one change: per-example squared gradients
         NNGMethod("noisy_adam_pe", lambda n: dict(NOISY_ADAM), published="NNG-FFG"),
+        # ... with targets sampled from the model (true Fisher, as NNG's experiments, fn. 1)
+        NNGMethod(
+            "noisy_adam_fisher",
+            lambda n: {**NOISY_ADAM, "likelihood": "gaussian"},
+            true_fisher=True,
+            published="NNG-FFG",
+        ),
         NNGMethod(
             "vogn",
             lambda n: {

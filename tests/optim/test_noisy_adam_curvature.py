@@ -173,7 +173,7 @@ def test_bad_curvature_arguments_are_refused_with_the_fix():
     needs_model += r"NoisyAdam\(model, "
     with pytest.raises(TypeError, match=needs_model):
         ngvi.NoisyAdam(model.parameters(), 64, curvature="ef")
-    with pytest.raises(TypeError, match=r"takes model.parameters\(\) for curvature='grad2'"):
+    with pytest.raises(TypeError, match=r"takes model.parameters\(\) unless curvature='ef' or 'fisher'"):
         ngvi.NoisyAdam(model, 64)
     with pytest.raises(ValueError, match=r"options of the per-example curvature: pass curvature='ef'"):
         ngvi.NoisyAdam(model.parameters(), 64, likelihood="gaussian")

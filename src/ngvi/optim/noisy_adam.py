@@ -27,7 +27,7 @@ of *one example's* log-likelihood; its diagonal form is eq. 11, f̄ ← (1 − �
   size M its mean is ≈ diag(F)/M + ḡ², so the posterior is up to M times wider than eq. 8's
   (docs/results/uci-nng/README.md, "Why noisy Adam's yacht fit is off").
 * ``"ef"``: ĥ = (1/M)Σᵢ (∇fᵢ)², the minibatch mean of eq. 11's Dw² with the data's targets (the empirical
-  Fisher of eq. 8's footnote).
+  Fisher, footnote 1).
 * ``"fisher"``: the same with targets drawn from the model's predictive (``likelihood=``), the true Fisher
   that NNG's experiments use (footnote 1).
 
@@ -107,8 +107,8 @@ class NoisyAdam(VariationalOptimizer):
             self.takes_model = True  # one group, the hooked model's: the engine refuses add_param_group
         elif isinstance(params, nn.Module):
             raise TypeError(
-                "NoisyAdam takes model.parameters() for curvature='grad2'; pass the model itself only with "
-                "curvature='ef' or 'fisher' (per-example curvature)"
+                "NoisyAdam takes model.parameters() unless curvature='ef' or 'fisher' (per-example "
+                "curvature, which hooks the model's layers): pass one of those, or model.parameters()"
             )
         elif (likelihood, loss_reduction, chunk_bytes) != (None, "mean", 64 * 2**20):
             raise ValueError(

@@ -7,7 +7,8 @@ supports, and which bad arguments it refuses with which message. Tests parametri
 
 The facts below were read off the classes, not assumed:
 
-* ``takes_model``: VOGN and NoisyKFAC hook the model's layers (class attribute ``takes_model``), BBVI hooks
+* ``takes_model``: VOGN and NoisyKFAC hook the model's layers (class attribute ``takes_model``; NoisyAdam with
+  ``curvature="ef"`` or ``"fisher"``, an instance attribute), BBVI hooks
   its Linear layers for the local reparameterisation, MCDropout finds its dropout modules; the others take
   ``model.parameters()`` (MAP takes either).
 * ``add_param_group``: refused (ValueError) by the engine for ``takes_model`` classes (VOGN, NoisyKFAC);
@@ -281,6 +282,14 @@ TRAINERS: list[TrainerInfo] = [
             ({"kl_weight": -1.0}, "kl_weight must be > 0, got -1.0"),
             ({"damping": -1.0}, "damping must be >= 0, got -1.0"),
         ),
+    ),
+    *with_true_fisher(  # per-example curvature (NNG eq. 11 per example) from VOGN's hooks (on the MLP:
+        "gaussian",  # the hot-path test runs the elementwise rules on a wide MLP)
+        "noisy_adam_ef",
+        ngvi.NoisyAdam,
+        _factory(ngvi.NoisyAdam, data_size=N, lr=1e-2, curvature="ef"),
+        takes_model=True,
+        add_param_group=False,
     ),
     *with_true_fisher(
         "categorical",

@@ -29,7 +29,9 @@ def test_every_method_is_built_from_the_registry_and_trains(name):
     method = METHODS[name]
     torch.manual_seed(0)
     model = models.mlp(2, 16, 1, dropout=0.05 if method.dropout else None)
-    trainer = method.build(model, 64, lr=0.01, prior_prec=0.0 if name == "vadagrad" else 1.0)  # App. F
+    task = {"likelihood": "gaussian"} if dict(method.fixed).get("curvature") == "fisher" else {}  # sampled y
+    prior_prec = 0.0 if name == "vadagrad" else 1.0  # App. F
+    trainer = method.build(model, 64, lr=0.01, prior_prec=prior_prec, **task)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, 2, generator=gen)
     y = x.sum(1, keepdim=True).sin()

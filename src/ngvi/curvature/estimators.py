@@ -10,8 +10,9 @@ name          ĥ at the sample θ = μ + σ⊙ε                                
                                                                               VadaGrad
 "price"       ĝ⊙(θ−μ)/σ² = ĝ⊙ε/σ (Price/Stein; Khan et al. 2018, App. D.1)   VON, IVON
 "hutchinson"  z⊙(∇²f z), z Rademacher (a Hessian-vector product)              VON
-"ef"          (1/M)Σᵢ gᵢ², per-example gradients of the closure's loss        VOGN (Gauss-Newton, eq. 9)
-"fisher"      the same with targets sampled from the model's predictive      VOGN
+"ef"          (1/M)Σᵢ gᵢ², per-example gradients of the closure's loss        VOGN (Gauss-Newton, eq. 9),
+                                                                              NoisyAdam (NNG eq. 11)
+"fisher"      the same with targets sampled from the model's predictive      VOGN, NoisyAdam
 K-FAC         A = E[āāᵀ], S = E[δδᵀ] per layer ("ef" or "fisher" targets)     NoisyKFAC (:mod:`.layer`)
 ============  ==============================================================  ==============================
 

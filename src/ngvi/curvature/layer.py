@@ -55,6 +55,8 @@ class LayerCurvature(CurvatureEstimator):
         noise_prec: τ of the "gaussian" likelihood.
         loss_reduction: "mean" (the closure returns (1/M)Σᵢfᵢ) or "sum".
         chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
+        owner: the optimizer named in messages (default: the class's ``owner``), for a rule that shares an
+            estimator class with another (NoisyAdam's per-example curvature is VOGN's).
     """
 
     local = True  # per-example sums and Kronecker factors come from this rank's minibatch
@@ -69,7 +71,10 @@ class LayerCurvature(CurvatureEstimator):
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
+        owner: str | None = None,
     ) -> None:
+        if owner is not None:
+            self.owner = owner
         check.model(model, self.owner, "so that it can hook its layers")
         self.targets = check.choice("curvature", targets, TARGETS)
         self.name = targets

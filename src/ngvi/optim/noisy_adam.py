@@ -19,6 +19,20 @@ steps are α·m̂/γ: with γ = λ/(Nη) ≈ 1/N these are N-fold Newton steps t
 ``init_prec="auto"`` starts at one unit of curvature per example, f₀ = 1 (q₀'s precision (N/λ)(1 + γ_in)),
 so the first steps are SGD-with-momentum steps of size α with σ₀ ≈ 1/√N, and α = 0.1 (natural-gradient
 units, as IVON's). ``init_prec=None`` is Alg. 1's start; a number c sets f₀ = λc/N − γ_in.
+
+**Curvature** (``curvature=``). f estimates the diagonal of NNG's Fisher F = Cov(Dw) (eq. 8), Dw the gradient
+of *one example's* log-likelihood; its diagonal form is eq. 11, f̄ ← (1 − β̃)f̄ + β̃ Dw².
+
+* ``"grad2"`` (default): ĥ = ĝ², Alg. 1's line as written, with ĝ the minibatch-mean gradient. At batch
+  size M its mean is ≈ diag(F)/M + ḡ², so the posterior is up to M times wider than eq. 8's
+  (docs/results/uci-nng/README.md, "Why noisy Adam's yacht fit is off").
+* ``"ef"``: ĥ = (1/M)Σᵢ (∇fᵢ)², the minibatch mean of eq. 11's Dw² with the data's targets (the empirical
+  Fisher, footnote 1).
+* ``"fisher"``: the same with targets drawn from the model's predictive (``likelihood=``), the true Fisher
+  that NNG's experiments use (footnote 1).
+
+The per-example forms read the model's layers through hooks, as VOGN does (:mod:`ngvi.curvature.layer`), so
+they take the model instead of its parameters: ``NoisyAdam(model, N, curvature="ef")``.
 """
 
 from __future__ import annotations
@@ -26,9 +40,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
+from ..curvature.layer import TARGETS, PerExampleGGN
+from ..curvature.likelihoods import Likelihood
 from . import _nng_prior as nng
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
@@ -39,15 +56,19 @@ class NoisyAdam(VariationalOptimizer):
     """Noisy Adam (NNG-FFG). Posterior precision 1/σ² = (N/λ)(f + γ_in).
 
     Args:
-        params: parameters or groups.  data_size: N.  lr: α.  betas: (β₁, β₂).
+        params: parameters or groups; the model (an nn.Module) for ``curvature="ef"`` or ``"fisher"``.
+        data_size: N.  lr: α.  betas: (β₁, β₂).
         prior_var: η of the prior N(0, ηI) (default 1); or ``prior_prec`` = 1/η, the name every ngvi
             optimizer accepts.  kl_weight: λ (1 for the ELBO).  damping: γ_ex.  mc_samples: samples per step.
         init_prec: precision of q at t=0: ``"auto"`` (f₀ = 1), ``None`` (f₀ = 0, Alg. 1) or a number.
+        curvature: ``"grad2"`` (Alg. 1: the squared minibatch gradient), ``"ef"`` (per-example squared
+            gradients) or ``"fisher"`` (the same with sampled targets); see the module docstring.
+        likelihood, noise_prec, loss_reduction, chunk_bytes: as VOGN's, for the per-example forms only.
     """
 
     elementwise = True
     curvature_state = "fisher"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
-    curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
+    curvatures = ("grad2", *TARGETS)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(
         self,
@@ -63,9 +84,37 @@ class NoisyAdam(VariationalOptimizer):
         init_prec: float | str | None = AUTO,
         prior_prec: float | None = None,
         curvature: str | CurvatureEstimator = "grad2",
+        likelihood: str | Likelihood | None = None,
+        noise_prec: float = 1.0,
+        loss_reduction: str = "mean",
+        chunk_bytes: int = 64 * 2**20,
         **engine_kwargs: Any,
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
+        if isinstance(curvature, str) and curvature in TARGETS:
+            why = f"for curvature={curvature!r} (per-example gradients from hooks on its layers)"
+            check.model(params, "NoisyAdam", why)
+            curvature = PerExampleGGN(
+                params,
+                curvature,
+                likelihood=likelihood,
+                noise_prec=noise_prec,
+                loss_reduction=loss_reduction,
+                chunk_bytes=chunk_bytes,
+                owner="NoisyAdam",
+            )
+            params = curvature.parameters
+            self.takes_model = True  # one group, the hooked model's: the engine refuses add_param_group
+        elif isinstance(params, nn.Module):
+            raise TypeError(
+                "NoisyAdam takes model.parameters() unless curvature='ef' or 'fisher' (per-example "
+                "curvature, which hooks the model's layers): pass one of those, or model.parameters()"
+            )
+        elif (likelihood, loss_reduction, chunk_bytes) != (None, "mean", 64 * 2**20):
+            raise ValueError(
+                "likelihood=, loss_reduction= and chunk_bytes= are options of the per-example curvature: "
+                "pass curvature='ef' or 'fisher' with the model, or drop them"
+            )
         defaults = dict(
             data_size=data_size,
             lr=lr,

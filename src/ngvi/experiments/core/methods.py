@@ -31,6 +31,8 @@ class Method:
     takes_model: bool = False  # built from the model (it hooks the layers), not from its parameters
     dropout: bool = False  # the model needs dropout layers (MC dropout)
     linearized: bool = False  # its natural predictive is the linearised (GLM) one (BADAM)
+    #: keywords that make this method what it is (a variant of a class: noisy Adam's per-example curvature)
+    fixed: tuple[tuple[str, Any], ...] = ()
 
     def trainer_class(self) -> type | None:
         target: Any = ngvi
@@ -48,7 +50,12 @@ class Method:
         cls = self.trainer_class()
         if cls is None:
             raise ValueError(f"method {self.name!r} ({self.cls}) is not available in this build of ngvi")
-        return cls(model if self.takes_model else model.parameters(), data_size=data_size, **options)
+        fixed = dict(self.fixed)
+        clash = {k: options[k] for k in fixed if k in options and options[k] != fixed[k]}
+        if clash:
+            raise ValueError(f"method {self.name!r} fixes {fixed}; drop {clash} or choose another method")
+        params = model if self.takes_model else model.parameters()
+        return cls(params, data_size=data_size, **{**options, **fixed})
 
 
 def _method(*args: Any, **kwargs: Any) -> tuple[str, Method]:
@@ -79,6 +86,22 @@ METHODS: dict[str, Method] = dict(
         _method("ivon", "IVON", "IVON", "improved variational online-Newton (Shen et al. 2024)"),
         _method(
             "noisy_adam", "Noisy Adam", "NoisyAdam", "noisy Adam, fully factorised NNG (Zhang et al. 2018)"
+        ),
+        _method(
+            "noisy_adam_pe",
+            "Noisy Adam (per-example EF)",
+            "NoisyAdam",
+            "noisy Adam with the per-example empirical Fisher (Zhang et al. 2018, eq. 11)",
+            takes_model=True,
+            fixed=(("curvature", "ef"),),
+        ),
+        _method(
+            "noisy_adam_fisher",
+            "Noisy Adam (per-example true Fisher)",
+            "NoisyAdam",
+            "noisy Adam with the per-example true Fisher, targets sampled (Zhang et al. 2018, eq. 11, fn. 1)",
+            takes_model=True,
+            fixed=(("curvature", "fisher"),),
         ),
         _method(
             "noisy_kfac",

@@ -10,7 +10,10 @@ the identity and follows the EMA from there, which is ngvi's ``init_prec="auto"`
 K-FAC, NNG-BlkTri and noisy Adam: factors, or f, at 1). The other methods get their closest equivalents:
 
 * noisy Adam (NNG-FFG, Alg. 1): α = 0.01, (β₁, β₂) = (0.9, 0.999) — the same α, momentum and Fisher EMA;
-  f starts at 1.
+  f starts at 1. ``noisy_adam`` squares the minibatch gradient (Alg. 1 as written); ``noisy_adam_pe`` is the
+  same with f from per-example squared gradients (``curvature="ef"``, eq. 11's Dw² per example), the
+  per-example Fisher scale that the minibatch square underestimates ~M-fold (docs/results/uci-nng);
+  ``noisy_adam_fisher`` samples those examples' targets from the model (the true Fisher, NNG's fn. 1).
 * VOGN: NNG-FFG's family with per-example Gauss-Newton curvature: the K-FAC settings, s₀ = 1 (NNG's code
   starts its factors at the identity).
 * NNG-BlkTri: noisy K-FAC's settings (no per-example sampling: the layers are drawn jointly).
@@ -37,6 +40,7 @@ TRAIN_SAMPLES = 10
 #: NNG's K-FAC settings for the Kronecker family, every step-shaping keyword explicit (the family's defaults
 #: may change; these runs must not)
 KFAC_STYLE = {"lr": 1e-3, "momentum": 0.9, "beta": 1e-3, "damping": 0.0, "inv_every": 10, "init_prec": "auto"}
+NOISY_ADAM = {"lr": 1e-2, "betas": (0.9, 0.999), "damping": 0.0}  # NNG-FFG's α, momentum and Fisher EMA
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,16 @@ METHODS: dict[str, NNGMethod] = {
             extrinsic_damping=True,
         ),
         NNGMethod("nng_blktri", _fisher(KFAC_STYLE), true_fisher=True, extrinsic_damping=True),
-        NNGMethod(  # weight draws: its curvature ĝ² is the square of each sample's minibatch gradient
-            "noisy_adam", lambda n: {"lr": 1e-2, "betas": (0.9, 0.999), "damping": 0.0}, published="NNG-FFG"
+        # weight draws: its curvature ĝ² is the square of each sample's minibatch gradient
+        NNGMethod("noisy_adam", lambda n: dict(NOISY_ADAM), published="NNG-FFG"),
+        # the same weight draws and settings, one change: per-example squared gradients
+        NNGMethod("noisy_adam_pe", lambda n: dict(NOISY_ADAM), published="NNG-FFG"),
+        # ... with targets sampled from the model (true Fisher, as NNG's experiments, fn. 1)
+        NNGMethod(
+            "noisy_adam_fisher",
+            lambda n: {**NOISY_ADAM, "likelihood": "gaussian"},
+            true_fisher=True,
+            published="NNG-FFG",
         ),
         NNGMethod(
             "vogn",

@@ -20,6 +20,8 @@ METRICS = {"rmse": ("Test RMSE", -1), "loglik": ("Test log-likelihood", +1)}
 #: every column of NNG's Table 1, in its order (PBP has no counterpart among our methods but is shown: it
 #: holds some of the best published cells, e.g. yacht's log-likelihood and wine's RMSE)
 PUBLISHED = ("BBB", "PBP", "NNG-FFG", "NNG-MVG")
+#: our methods' marker colours: matplotlib's cycle without C6–C9, which the published rows' lines use
+MARKERS = ("C0", "C1", "C2", "C3", "C4", "C5", "black", "navy")
 
 
 def _published(row: str | None, metric: str, dataset: str) -> tuple[float, float] | None:
@@ -158,7 +160,12 @@ def plot(results: dict[str, Any], datasets: list[str], methods: list[str], path:
                 continue
             mean, se, _ = mean_se(values.values())
             ax.errorbar(
-                [i], [mean], yerr=[se if se == se else 0.0], fmt="o", color=f"C{i}", label=METHODS[m].label
+                [i],
+                [mean],
+                yerr=[se if se == se else 0.0],
+                fmt="o",
+                color=MARKERS[i % len(MARKERS)],
+                label=METHODS[m].label,
             )
         for row in published_rows:
             pub = _published(row, "rmse", d)

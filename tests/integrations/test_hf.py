@@ -243,6 +243,20 @@ def test_more_samples_per_step_and_hooked_rules_with_accumulation_are_refused(tm
         ).train()
 
 
+def test_the_trainer_hands_the_model_to_rules_that_hook_it(tmp_path):
+    for cls, kwargs, hooked in [
+        (ngvi.NoisyAdam, {"data_size": N, "curvature": "ef"}, True),
+        (ngvi.NoisyAdam, {"data_size": N}, False),
+        (ngvi.VOGN, {"data_size": N}, True),
+    ]:
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        tr = VariationalTrainer(
+            model=model, args=arguments(tmp_path, max_steps=1), optimizer_cls_and_kwargs=(cls, kwargs)
+        )
+        opt = tr.create_optimizer()
+        assert isinstance(opt, cls) and (opt.model is model) == hooked, (cls, kwargs)
+
+
 def test_trainer_weight_decay_is_ivons_prior_or_refused(tmp_path):
     args = dict(weight_decay=0.01, max_steps=1)
     model = gpt2()

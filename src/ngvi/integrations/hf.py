@@ -180,7 +180,8 @@ class VariationalTrainer(Trainer):
             return super().create_optimizer(model)
         model = self.model if model is None else model
         kwargs = prior_kwargs(cls, kwargs, self.args.weight_decay)
-        params = model if cls.takes_model else [p for p in model.parameters() if p.requires_grad]
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        params = model if cls.builds_from_model(**kwargs) else trainable
         self.optimizer = cls(params, **kwargs)
         return self.optimizer
 

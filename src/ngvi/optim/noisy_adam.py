@@ -70,6 +70,12 @@ class NoisyAdam(VariationalOptimizer):
     curvature_state = "fisher"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2", *TARGETS)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
+    @classmethod
+    def builds_from_model(cls, **options: Any) -> bool:
+        """True for a per-example curvature (``curvature='ef'`` or ``'fisher'``), which hooks the model."""
+        curvature = options.get("curvature", "grad2")
+        return isinstance(curvature, str) and curvature in TARGETS
+
     def __init__(
         self,
         params,
@@ -91,7 +97,7 @@ class NoisyAdam(VariationalOptimizer):
         **engine_kwargs: Any,
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
-        if isinstance(curvature, str) and curvature in TARGETS:
+        if self.builds_from_model(curvature=curvature):
             why = f"for curvature={curvature!r} (per-example gradients from hooks on its layers)"
             check.model(params, "NoisyAdam", why)
             curvature = PerExampleGGN(

@@ -83,6 +83,13 @@ class VariationalOptimizer(Optimizer):
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
+
+    @classmethod
+    def builds_from_model(cls, **options: Any) -> bool:
+        """Whether ``cls(..., **options)`` takes the model itself rather than its parameters (so that a
+        framework that builds the optimizer, e.g. the Hugging Face Trainer, knows what to pass)."""
+        return cls.takes_model
+
     #: attributes rebuilt by ``_init_transient`` (never pickled)
     transient: tuple[str, ...] = (
         "_means",

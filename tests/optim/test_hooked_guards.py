@@ -65,6 +65,16 @@ def test_gradient_accumulation_in_one_sample_is_refused(info, form):
     assert opt.num_steps == 2
 
 
+@pytest.mark.parametrize("info", trainers(hooked))
+def test_a_hook_message_names_the_trainer_the_user_built(info):
+    """KFAC shares noisy K-FAC's estimator: its messages must still say KFAC."""
+    model = info.model()
+    opt = info.build(model, seed=0)
+    out = model(info.batch()[0])
+    with pytest.raises(RuntimeError, match=rf"^{type(opt).__name__}\.backward\(\) belongs inside"):
+        opt.backward(out.sum(), out)
+
+
 def test_two_forwards_one_backward_is_weight_sharing_and_still_works():
     """A layer called twice in one graph (shared weights) is one example per row, its calls summed."""
     info = next(i for i in TRAINERS if i.name == "vogn")

@@ -86,7 +86,12 @@ class KFAC(KroneckerFamily):
                 f"got {mc_samples!r}"
             )
         estimator = KroneckerFactors(
-            model, curvature, likelihood=likelihood, noise_prec=noise_prec, loss_reduction=loss_reduction
+            model,
+            curvature,
+            likelihood=likelihood,
+            noise_prec=noise_prec,
+            loss_reduction=loss_reduction,
+            owner="KFAC",
         )
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum, prior_prec=prior_prec, damping=damping,

@@ -3,6 +3,7 @@ training loop, is described once in optimizer_db.py."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -72,6 +73,20 @@ def regression_batch(seed: int = 1, n: int = 16, dtype: torch.dtype = torch.floa
     x = torch.randn(n, 3, generator=gen, dtype=dtype)
     y = torch.sin(x.sum(1, keepdim=True)) + 0.1 * torch.randn(n, 1, generator=gen, dtype=dtype)
     return x, y
+
+
+def bayesian_linear_regression(n: int = 400, d: int = 4, tau: float = 2.0, prior: float = 1.0, seed: int = 0):
+    """y = xw + 0.7 + noise of precision τ on correlated features, float64; → (x, y, [x, 1], the exact
+    posterior precision τ[x,1]ᵀ[x,1] + λI, the exact posterior mean)."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.eye(d) + 0.4 * torch.randn(d, d, generator=g)  # correlated features
+    x = (torch.randn(n, d, generator=g) @ mix).double()
+    w = torch.randn(d, 1, generator=g).double()
+    y = x @ w + 0.7 + torch.randn(n, 1, generator=g).double() / math.sqrt(tau)
+    xb = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)  # the bias is the weight of a 1
+    precision = tau * xb.T @ xb + prior * torch.eye(d + 1, dtype=torch.float64)
+    mean = torch.linalg.solve(precision, tau * xb.T @ y).squeeze(1)
+    return x, y, xb, precision, mean
 
 
 def fit_full_batch_regression(make, x, y, tau: float, steps: int, decay: float):

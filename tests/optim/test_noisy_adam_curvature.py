@@ -6,14 +6,13 @@ test_contract.py through tests/optimizer_db.py.)"""
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
 from torch import nn
 
 import ngvi
-from conftest import make_mlp, regression_batch
+from conftest import bayesian_linear_regression, make_mlp, regression_batch
 from ngvi.experiments.core import METHODS
 from ngvi.experiments.uci_nng.methods import METHODS as UCI_NNG
 
@@ -46,18 +45,6 @@ def test_per_example_curvature_is_the_mean_of_squared_per_example_gradients():
     for p, h, g2 in zip(model.parameters(), expected, grad_sq, strict=True):
         torch.testing.assert_close(opt.state[p]["fisher"], h, rtol=1e-6, atol=1e-12)
         assert not torch.allclose(h, g2, rtol=0.1)  # (1/M)Σgᵢ² ≥ ĝ², here far from equal
-
-
-def _linear_regression(n: int = 400, d: int = 4, tau: float = 2.0, prior: float = 1.0):
-    g = torch.Generator().manual_seed(0)
-    mix = torch.eye(d) + 0.4 * torch.randn(d, d, generator=g)  # correlated features
-    x = (torch.randn(n, d, generator=g) @ mix).double()
-    w = torch.randn(d, 1, generator=g).double()
-    y = x @ w + 0.7 + torch.randn(n, 1, generator=g).double() / math.sqrt(tau)
-    xb = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)  # the bias is the weight of a 1
-    precision = tau * xb.T @ xb + prior * torch.eye(d + 1, dtype=torch.float64)
-    mean = torch.linalg.solve(precision, tau * xb.T @ y).squeeze(1)
-    return x, y, xb, precision, mean
 
 
 def _fit_minibatches(curvature: str, x, y, tau: float, prior: float, batch: int = 20, epochs: int = 100):
@@ -105,7 +92,7 @@ def test_per_example_fixed_point_is_the_mean_field_posterior_and_the_minibatch_s
       correlate in a sample of 400), so against the mean-field precision: within 25%.
     * "grad2" (Alg. 1's ĝ², E[ĝ²] ≈ diag(F)/M): more than 75% too small (seen: 84–91%)."""
     tau, prior = 2.0, 1.0
-    x, y, xb, precision, exact_mean = _linear_regression(tau=tau, prior=prior)
+    x, y, xb, precision, exact_mean = bayesian_linear_regression(tau=tau, prior=prior)
     mf_prec = precision.diagonal()
     mf_std = mf_prec.rsqrt()
     error = {}

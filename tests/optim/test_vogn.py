@@ -5,7 +5,6 @@ resume, copying, validation: tests/optim/test_guarantees.py and test_contract.py
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ngvi
-from conftest import fit_full_batch_regression
+from conftest import bayesian_linear_regression, fit_full_batch_regression
 
 
 def small_net(seed: int = 0) -> nn.Module:
@@ -151,22 +150,10 @@ def test_mc_samples_average_curvature(curvature):
 # ------------------------------------------------------------------------------------------------------------
 # Exactness: Bayesian linear regression
 # ------------------------------------------------------------------------------------------------------------
-def linear_regression(n=400, d=4, tau=2.0, prior=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    mix = torch.eye(d) + 0.4 * torch.randn(d, d, generator=g)  # correlated features
-    x = (torch.randn(n, d, generator=g) @ mix).double()
-    w = torch.randn(d, 1, generator=g).double()
-    y = x @ w + 0.7 + torch.randn(n, 1, generator=g).double() / math.sqrt(tau)
-    xb = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)  # the bias is the weight of a 1
-    precision = tau * xb.T @ xb + prior * torch.eye(d + 1, dtype=torch.float64)
-    mean = torch.linalg.solve(precision, tau * xb.T @ y).squeeze(1)
-    return x, y, precision, mean
-
-
 def test_fisher_vogn_reaches_the_exact_mean_field_posterior():
     """Full batch, sampled targets: mean within 0.1 MF std, precision = diag(τXᵀX + λI) within 10%."""
     tau, prior = 2.0, 1.0
-    x, y, precision, exact_mean = linear_regression(tau=tau, prior=prior)
+    x, y, _, precision, exact_mean = bayesian_linear_regression(tau=tau, prior=prior)
 
     def make(model, **true_fisher):
         return ngvi.VOGN(

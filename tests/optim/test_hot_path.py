@@ -72,3 +72,20 @@ def test_finiteness_check_accepts_huge_values_and_rejects_nan_and_inf():
         t[17] = bad
         assert not TensorList([torch.ones(2), t]).all_finite()
     assert TensorList([]).all_finite() and TensorList([torch.empty(0)]).all_finite()
+    both = torch.ones(5)
+    both[1], both[3] = float("inf"), -float("inf")  # a sum of +Inf and −Inf is NaN: still refused
+    assert not TensorList([both]).all_finite()
+    huge = torch.full((1000,), 1e30, dtype=torch.bfloat16)
+    assert TensorList([huge]).all_finite()
+
+
+def test_finiteness_check_on_cpu_does_not_square_into_subnormals():
+    """Squared gradients of ~1e-24 square into subnormals (~20× slower on x86), so the CPU check must not
+    take a 2-norm; the decision itself is checked above."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tiny = [torch.full((4096,), 1e-24), torch.full((7,), 3e-20)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        assert TensorList(tiny).all_finite()
+    ops = {e.key for e in prof.key_averages()}
+    assert not ops & {"aten::linalg_vector_norm", "aten::_foreach_norm", "aten::norm", "aten::pow"}

@@ -53,14 +53,24 @@ def chunked_normal_(out: Tensor, *keys: int, workers: int | None = None) -> Tens
     flat = out.view(-1)
     starts = range(0, flat.numel(), CHUNK)
 
-    def fill(k: int) -> None:
-        gen = torch.Generator(device=out.device).manual_seed(chunk_seed(*keys, k))
-        flat[starts[k] : starts[k] + CHUNK].normal_(generator=gen)
+    def fill(chunks: range) -> None:
+        for k in chunks:
+            gen = torch.Generator(device=out.device).manual_seed(chunk_seed(*keys, k))
+            flat[starts[k] : starts[k] + CHUNK].normal_(generator=gen)
 
     workers = torch.get_num_threads() if workers is None else workers
-    if workers > 1 and len(starts) > 1 and out.device.type == "cpu":
-        list(_pool(workers).map(fill, range(len(starts))))
-    else:
-        for k in range(len(starts)):
-            fill(k)
+    workers = min(workers, len(starts)) if out.device.type == "cpu" else 1
+    if workers <= 1:
+        fill(range(len(starts)))
+        return out
+    # one contiguous run of chunks per thread, this thread filling the first: a task per chunk would cost
+    # a hand-off (and the GIL) per 2¹⁶ draws
+    bounds = [len(starts) * w // workers for w in range(workers + 1)]
+    runs = [range(bounds[w], bounds[w + 1]) for w in range(workers)]
+    pending = [_pool(workers - 1).submit(fill, run) for run in runs[1:]]
+    try:
+        fill(runs[0])
+    finally:
+        for task in pending:
+            task.result()
     return out

@@ -142,3 +142,34 @@ def test_reference_packages_are_checked_by_import_not_by_the_registry(monkeypatc
     monkeypatch.delitem(__import__("sys").modules, "ivon", raising=False)
     assert "`ivon` not importable" in availability(methods()["ivon-opt"])
     assert availability(methods()["ivon"]) is None
+
+
+def test_profile_times_the_bench_way_and_compares_with_a_bench(tmp_path):
+    from ngvi.experiments.bench import measure
+    from ngvi.experiments.bench.profile import profile
+
+    name = measure.problems(True)["mlp"].name
+    bench = {
+        "runs": {
+            "problem/mlp": {
+                "problem": name,
+                "methods": {"adam": {"seconds": 0.01}, "vadam": {"seconds": 0.025}},
+            }
+        }
+    }
+    text = profile("mlp", ("adam", "vadam"), ("vadam",), rounds=2, steps=2, bench=bench, quick=True)
+    rows = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")
+        for line in text.splitlines()
+        if line.startswith("| ")
+    }
+    vadam = rows["ngvi.Vadam"]
+    this, benched, agreement = (
+        float(vadam[3].rstrip("×")),
+        float(vadam[4].rstrip("×")),
+        float(vadam[5].strip(" |")),
+    )
+    assert benched == 2.5  # the bench's 25 ms over its 10 ms Adam
+    assert abs(agreement - this / benched) <= 0.01 + 0.005 * agreement  # rounded to two places
+    assert rows["torch.optim.Adam (foreach)"][3] == "1.00×"
+    assert "Operators of 2 steps of ngvi.Vadam" in text and "aten::" in text

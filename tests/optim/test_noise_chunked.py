@@ -47,6 +47,16 @@ def test_same_seed_same_draw_at_any_thread_count():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])
+    for workers in (4, 7):  # runs of chunks per thread of every length, more threads than chunks
+        assert torch.equal(draws[0], _draw(5 * CHUNK + 17, workers, 11, 2, 4))
+    # chunk k is N(0, 1) from a generator seeded with chunk_seed(seed, draw, position, k), whoever fills it
+    chunks = [
+        torch.empty(min(CHUNK, 5 * CHUNK + 17 - k * CHUNK)).normal_(
+            generator=torch.Generator().manual_seed(chunk_seed(11, 2, 4, k))
+        )
+        for k in range(6)
+    ]
+    assert torch.equal(draws[0], torch.cat(chunks))
     assert not torch.equal(draws[0], _draw(5 * CHUNK + 17, 2, 11, 3, 4))  # another draw count
     assert not torch.equal(draws[0], _draw(5 * CHUNK + 17, 2, 12, 2, 4))  # another seed
 

@@ -224,7 +224,17 @@ class CurvatureHooks:
             yield self
         finally:
             self.remove()
+            self._release_records()
             self._init_transient()
+
+    def _release_records(self) -> None:
+        """Cut the records' links to the autograd graph. The graph's nodes hold the tensor hooks, which hold
+        the records: a record that kept its nodes would tie the graph, the layer inputs and the output
+        gradients into a reference cycle that only Python's cyclic collector frees (a CNN's step then
+        leaves ~60 MB behind, gigabytes before a collection runs)."""
+        for records in self._records.values():
+            for record in records:
+                record.x_node = record.out_node = record.output = None
 
     def remove(self) -> None:
         """Remove the hooks from the model (they are also removed when a ``recording()`` block ends)."""

@@ -173,3 +173,22 @@ def test_profile_times_the_bench_way_and_compares_with_a_bench(tmp_path):
     assert abs(agreement - this / benched) <= 0.01 + 0.005 * agreement  # rounded to two places
     assert rows["torch.optim.Adam (foreach)"][3] == "1.00×"
     assert "Operators of 2 steps of ngvi.Vadam" in text and "aten::" in text
+
+
+def test_before_after_builds_both_versions_with_their_registries(monkeypatch, capsys):
+    """The script against this checkout as its own 'before': every rule is built by each version's registry
+    (with the bench's options) and reported against Adam and the floor."""
+    import sys
+    from pathlib import Path
+
+    from ngvi.experiments.bench import before_after
+
+    src = Path(ngvi.__file__).resolve().parents[1]
+    monkeypatch.setattr(sys, "argv", ["before_after", "--before", str(src), "--rounds", "1", "--steps", "1"])
+    before_after.main()
+    out = capsys.readouterr().out
+    rows = [
+        line.split(" | ")[0].strip("| ") for line in out.splitlines() if line.startswith("| ") and "×" in line
+    ]
+    assert rows == ["rule", *before_after.RULES]  # the header, then one row per rule
+    assert "the floor" in out and sys.modules["ngvi_before"].__file__.startswith(str(src))

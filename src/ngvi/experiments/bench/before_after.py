@@ -1,11 +1,13 @@
 """Before/after step times of the engine, in one run: this checkout's ngvi against an older commit's.
 
-    mkdir -p /tmp/ngvi-before && git archive dc9aefd src | tar -x -C /tmp/ngvi-before   # before the fast path
+    mkdir -p /tmp/ngvi-before && git archive 7ab7f82 src | tar -x -C /tmp/ngvi-before  # stop 28
     PYTHONPATH=src python -m ngvi.experiments.bench.before_after --before /tmp/ngvi-before/src --threads 1
 
-The older package is imported under the name ``ngvi_before`` (its modules import each other relatively),
-and every optimizer of both versions trains its own copy of the MLP 784-1000-1000-10 at batch 256, timed
-in interleaved rounds with torch.optim.Adam as in ``ngvi bench``. Prints a Markdown table of ratios to Adam.
+The older package is imported under the name ``ngvi_before`` (its modules import each other relatively).
+The six diagonal rules of both versions are built as ``ngvi bench`` builds them, each by its own version's
+registry with its defaults (VON at the bench's lr=0.01), and each trains its own copy of the MLP
+784-1000-1000-10 at batch 256, timed in interleaved rounds beside torch.optim.Adam and the floor (Adam plus
+one normal draw per weight). Prints a Markdown table of ratios to Adam and to the floor.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-import ngvi
 from ngvi.experiments.bench import measure, methods
 
-RULES = ("Vadam", "Vprop", "VON", "IVON", "NoisyAdam", "BAdam")
+RULES = ("vadam", "vprop", "von", "ivon", "noisy_adam", "vadagrad")
 
 
 def import_as(name: str, src: Path):
@@ -41,26 +42,40 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    before = import_as("ngvi_before", args.before)
+    import_as("ngvi_before", args.before)
+    registries = {
+        "before": importlib.import_module("ngvi_before.experiments.core.methods").METHODS,
+        "after": importlib.import_module("ngvi.experiments.core.methods").METHODS,
+    }
     n = methods.DATA_SIZE
-    timed = {"adam": methods.methods()["adam"]}
+    references = methods.methods()
+    timed = {"adam": references["adam"], "floor": references["floor"]}
     for rule in RULES:
-        kw = {"init_prec": 100.0} if rule in ("Vadam", "Vprop", "VON") else {}
-        for tag, package in (("before", before), ("after", ngvi)):
-            cls = getattr(package, rule)
+        options = methods.OPTIONS.get(rule, {})
+        for tag, registry in registries.items():
             timed[f"{rule}-{tag}"] = methods.Method(
                 f"{rule} ({tag})",
-                methods.trainer_step(lambda m, cls=cls, kw=kw: cls(m.parameters(), n, seed=0, **kw)),
+                methods.trainer_step(lambda m, r=registry[rule], o=options: r.build(m, n, seed=0, **o)),
             )
     problem = measure.problems(quick=False)["mlp"]
     res = measure.run_problem(problem, timed, torch.device("cpu"), 5, args.rounds, args.steps, False, None)
-    adam = res["methods"]["adam"]["seconds"]
+    adam, floor = (res["methods"][k]["seconds"] for k in ("adam", "floor"))
     threads = torch.get_num_threads()
-    print(f"torch {torch.__version__}, {threads} threads; Adam {1e3 * adam:.1f} ms per step\n")
-    print("| rule | before [ms] | × Adam | after [ms] | × Adam | speed-up |\n|---|---|---|---|---|---|")
+    print(
+        f"torch {torch.__version__}, {threads} threads; Adam {1e3 * adam:.1f} ms per step, the floor "
+        f"{1e3 * floor:.1f} ms ({floor / adam:.2f}× Adam)\n"
+    )
+    print(
+        "| rule | before [ms] | × Adam | × floor | after [ms] | × Adam | × floor | speed-up |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     for rule in RULES:
         b, a = res["methods"][f"{rule}-before"]["seconds"], res["methods"][f"{rule}-after"]["seconds"]
-        cells = [f"{1e3 * b:.1f}", f"{b / adam:.2f}×", f"{1e3 * a:.1f}", f"{a / adam:.2f}×", f"{b / a:.2f}×"]
+        cells = [
+            *(f"{1e3 * b:.1f}", f"{b / adam:.2f}×", f"{b / floor:.2f}×"),
+            *(f"{1e3 * a:.1f}", f"{a / adam:.2f}×", f"{a / floor:.2f}×"),
+            f"{b / a:.2f}×",
+        ]
         print(f"| {rule} | " + " | ".join(cells) + " |")
 
 

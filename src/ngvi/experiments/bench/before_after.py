@@ -4,8 +4,8 @@
     PYTHONPATH=src python -m ngvi.experiments.bench.before_after --before /tmp/ngvi-before/src --threads 1
 
 The older package is imported under the name ``ngvi_before`` (its modules import each other relatively).
-The six diagonal rules of both versions are built as ``ngvi bench`` builds them, each by its own version's
-registry with its defaults (VON at the bench's lr=0.01), and each trains its own copy of the MLP
+The six diagonal rules of both versions are built as ``ngvi bench`` builds them, each version's own class
+with its defaults (VON at the bench's lr=0.01), and each trains its own copy of the MLP
 784-1000-1000-10 at batch 256, timed in interleaved rounds beside torch.optim.Adam and the floor (Adam plus
 one normal draw per weight). Prints a Markdown table of ratios to Adam and to the floor.
 """
@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
+import ngvi
 from ngvi.experiments.bench import measure, methods
+from ngvi.experiments.core.methods import METHODS as REGISTRY
 
 RULES = ("vadam", "vprop", "von", "ivon", "noisy_adam", "vadagrad")
 
@@ -32,6 +36,19 @@ def import_as(name: str, src: Path):
     return module
 
 
+def build(package: Any, rule: str, model: torch.nn.Module) -> Any:
+    """``package``'s own class of the registry's ``rule``, built as a user builds it: ``cls(params, N)`` (no N
+    for VadaGrad) with its defaults and the bench's options, seeded. Not through the older package's
+    registry, which imports ``ngvi`` by name and so would build this checkout's classes."""
+    cls = getattr(package, REGISTRY[rule].cls)
+    sized = "data_size" in inspect.signature(cls).parameters
+    args = (model.parameters(), methods.DATA_SIZE) if sized else (model.parameters(),)
+    opt = cls(*args, seed=0, **methods.OPTIONS.get(rule, {}))
+    if not type(opt).__module__.startswith(package.__name__ + "."):
+        raise RuntimeError(f"{rule} was built from {type(opt).__module__}, not from {package.__name__}")
+    return opt
+
+
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
@@ -39,31 +56,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="untimed steps first (the gradients shrink as training goes on)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    import_as("ngvi_before", args.before)
-    registries = {
-        "before": importlib.import_module("ngvi_before.experiments.core.methods").METHODS,
-        "after": importlib.import_module("ngvi.experiments.core.methods").METHODS,
-    }
-    n = methods.DATA_SIZE
+    packages = {"before": import_as("ngvi_before", args.before), "after": ngvi}
     references = methods.methods()
     timed = {"adam": references["adam"], "floor": references["floor"]}
     for rule in RULES:
-        options = methods.OPTIONS.get(rule, {})
-        for tag, registry in registries.items():
+        for tag, package in packages.items():
             timed[f"{rule}-{tag}"] = methods.Method(
-                f"{rule} ({tag})",
-                methods.trainer_step(lambda m, r=registry[rule], o=options: r.build(m, n, seed=0, **o)),
+                f"{rule} ({tag})", methods.trainer_step(lambda m, p=package, r=rule: build(p, r, m))
             )
     problem = measure.problems(quick=False)["mlp"]
-    res = measure.run_problem(problem, timed, torch.device("cpu"), 5, args.rounds, args.steps, False, None)
+    res = measure.run_problem(
+        problem, timed, torch.device("cpu"), args.warmup, args.rounds, args.steps, False, None
+    )
     adam, floor = (res["methods"][k]["seconds"] for k in ("adam", "floor"))
     threads = torch.get_num_threads()
     print(
-        f"torch {torch.__version__}, {threads} threads; Adam {1e3 * adam:.1f} ms per step, the floor "
-        f"{1e3 * floor:.1f} ms ({floor / adam:.2f}× Adam)\n"
+        f"torch {torch.__version__}, {threads} threads, {args.warmup} untimed steps first; Adam "
+        f"{1e3 * adam:.1f} ms per step, the floor {1e3 * floor:.1f} ms ({floor / adam:.2f}× Adam)\n"
     )
     print(
         "| rule | before [ms] | × Adam | × floor | after [ms] | × Adam | × floor | speed-up |\n"

@@ -22,6 +22,7 @@ import torch
 from .flops import kfac_flops, matmul_rate
 from .measure import problems, summarise, time_steps
 from .methods import methods
+from .report import ratio_text, spread_text
 
 #: what is timed by default (the K-FAC family beside Adam) and which of it is profiled
 TIMED = ("adam", "noisy_kfac", "noisy_kfac-weights", "kfac")
@@ -59,20 +60,15 @@ def profile(
         "|---|---|---|---|---|---|",
     ]
     for name, m in chosen.items():
-        s = summary[name]
-        spread = (
-            f"{100 * (s['fastest'] / s['seconds'] - 1):+.0f}/{100 * (s['slowest'] / s['seconds'] - 1):+.0f}%"
-        )
-        ratio = s["seconds"] / adam if adam else None
+        seconds = summary[name]["seconds"]
+        ratio = seconds / adam if adam else None
         other = benched[name] / benched["adam"] if name in benched and "adam" in benched else None
-        lines.append(
-            f"| {m.label} | {1e3 * s['seconds']:.1f} | {spread} | {_x(ratio)} | {_x(other)} | "
-            + (f"{ratio / other:.2f} |" if ratio and other else "– |")
-        )
-    if any(name in ("noisy_kfac", "noisy_kfac-weights", "kfac") for name in chosen):
-        flops = kfac_flops(
-            problem.model(device), x, inv_every=chosen.get("noisy_kfac", chosen[timed[-1]]).cycle
-        )
+        cells = [m.label, f"{1e3 * seconds:.1f}", spread_text(summary[name]), ratio_text(seconds, adam)]
+        cells += [ratio_text(other, 1.0), f"{ratio / other:.2f}" if ratio and other else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    cycles = [m.cycle for m in chosen.values() if m.cycle > 1]
+    if cycles:  # the K-FAC family: its FLOP floor
+        flops = kfac_flops(problem.model(device), x, inv_every=max(cycles))
         rate = matmul_rate()
         floor = 2 * flops.floor() / rate
         lines += [
@@ -98,10 +94,6 @@ def profile(
             "```\n" + table + "\n```\n",
         ]
     return "\n".join(lines)
-
-
-def _x(ratio: float | None) -> str:
-    return f"{ratio:.2f}×" if ratio else "–"
 
 
 def _bench_entries(bench: dict[str, Any] | None, problem_name: str) -> dict[str, float]:

@@ -10,11 +10,11 @@ from ..core.report import markdown_table
 SWEEP_METHODS = ("adam", "floor", "vadam", "ivon", "ivon-opt", "vogn", "backpack")
 
 
-def _ratio(a: float | None, b: float | None) -> str:
+def ratio_text(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a is not None and b else "–"
 
 
-def _spread(r: dict[str, Any]) -> str:
+def spread_text(r: dict[str, Any]) -> str:
     """The fastest and slowest round against the median, in percent."""
     if "fastest" not in r or not r["seconds"]:
         return "–"
@@ -52,14 +52,14 @@ def table(results: dict[str, Any]) -> str:
         rows = []
         for name, r in ms.items():
             peak = r.get("peak_bytes")
-            times = [_ratio(r["seconds"], ref[k]) for k in refs]
+            times = [ratio_text(r["seconds"], ref[k]) for k in refs]
             family = name.split("-")[0] in KFAC_FAMILY
             extra = [
-                _ratio(r["seconds"], kfac if family else None),
-                _ratio(r["seconds"], flop_floor if family else None),
+                ratio_text(r["seconds"], kfac if family else None),
+                ratio_text(r["seconds"], flop_floor if family else None),
             ]
-            memory = [f"{peak / 2**20:.1f}" if peak is not None else "–", _ratio(peak, mem_adam)]
-            rows.append([r["label"], f"{1e3 * r['seconds']:.1f}", _spread(r), *times, *extra, *memory])
+            memory = [f"{peak / 2**20:.1f}" if peak is not None else "–", ratio_text(peak, mem_adam)]
+            rows.append([r["label"], f"{1e3 * r['seconds']:.1f}", spread_text(r), *times, *extra, *memory])
         lines.append(f"\n## {res['problem']} ({res['params'] / 1e6:.2f}M parameters)\n")
         header = [
             "method", "step [ms]", "spread", "× Adam", "× floor", "× ivon-opt", "× BackPACK SGS+Adam",
@@ -77,7 +77,10 @@ def table(results: dict[str, Any]) -> str:
             adam = res["methods"]["adam"]["seconds"]
             rows.append(
                 [f"{res['params'] / 1e6:.2f}M", f"{1e3 * adam:.1f}"]
-                + [_ratio(res["methods"][n]["seconds"], adam) if n in res["methods"] else "–" for n in names]
+                + [
+                    ratio_text(res["methods"][n]["seconds"], adam) if n in res["methods"] else "–"
+                    for n in names
+                ]
             )
         lines.append(markdown_table(["parameters", "Adam [ms]", *names], rows))
     if results.get("missing"):
@@ -106,8 +109,8 @@ def _kfac_floor(res: dict[str, Any]) -> str:
     adam = ms["adam"]["seconds"] if "adam" in ms else None
     kfac = ms["kfac"]["seconds"] if "kfac" in ms else None
     rows = [
-        [ms[n]["label"], f"{1e3 * ms[n]['seconds']:.1f}", _ratio(ms[n]["seconds"], adam),
-         _ratio(ms[n]["seconds"], kfac), _ratio(ms[n]["seconds"], floor_s)]
+        [ms[n]["label"], f"{1e3 * ms[n]['seconds']:.1f}", ratio_text(ms[n]["seconds"], adam),
+         ratio_text(ms[n]["seconds"], kfac), ratio_text(ms[n]["seconds"], floor_s)]
         for n in rows_present
     ]  # fmt: skip
     terms = [[k, f"{2e-9 * v:.3g}", f"{2e3 * v / rate:.3g}"] for k, v in flops.items()]

@@ -187,7 +187,8 @@ def test_before_after_builds_each_version_s_own_classes(monkeypatch, capsys):
     from ngvi.experiments.bench import before_after
 
     src = Path(ngvi.__file__).resolve().parents[1]
-    monkeypatch.setattr(sys, "argv", ["before_after", "--before", str(src), "--rounds", "1", "--steps", "1"])
+    argv = ["before_after", "--before", str(src), "--rounds", "1", "--steps", "1", "--quick"]
+    monkeypatch.setattr(sys, "argv", argv)
     before_after.main()
     out = capsys.readouterr().out
     rows = [

@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=int, default=5, help="untimed steps first (the gradients shrink as training goes on)"
     )
+    parser.add_argument("--quick", action="store_true", help="the bench's tiny MLP: a smoke run")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,7 +71,7 @@ def main() -> None:
             timed[f"{rule}-{tag}"] = methods.Method(
                 f"{rule} ({tag})", methods.trainer_step(lambda m, p=package, r=rule: build(p, r, m))
             )
-    problem = measure.problems(quick=False)["mlp"]
+    problem = measure.problems(quick=args.quick)["mlp"]
     res = measure.run_problem(
         problem, timed, torch.device("cpu"), args.warmup, args.rounds, args.steps, False, None
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 
@@ -29,3 +30,10 @@ def alive(pid: int) -> bool:
         return "Z" not in (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
     except OSError:
         return False
+
+
+def foreground_sigint() -> None:
+    """``preexec_fn`` of a child that must take Ctrl-C as a terminal's foreground job does. A shell starts
+    background commands (and so a CI runner started with ``&``) with SIGINT ignored; the child would inherit
+    that, and Python installs no KeyboardInterrupt handler for an ignored SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

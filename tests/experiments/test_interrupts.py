@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import alive, descendants
+from procs import alive, descendants, foreground_sigint
 
 from ngvi.experiments.core import runner
 from ngvi.experiments.core.runner import Experiment, Workers
@@ -35,6 +35,7 @@ def test_interrupt_ends_every_worker_and_keeps_the_results(tmp_path, how, data_d
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=foreground_sigint,  # ... with Ctrl-C at its default, even where this runner ignores it
         env={**os.environ, "NGVI_PROGRESS": "0"},
     )
     deadline = time.monotonic() + 60

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import alive, descendants
+from procs import alive, descendants, foreground_sigint
 
 from ngvi.experiments import cli
 from ngvi.experiments.core import backends, runner
@@ -194,6 +194,7 @@ def test_ctrl_c_exits_130_keeps_the_fits_leaves_no_ray_process_and_resumes(local
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=foreground_sigint,  # ... with Ctrl-C at its default, even where this runner ignores it
         env={**os.environ, **QUIET},
     )
     ours: set[int] = set()

@@ -358,7 +358,7 @@ def test_kfac_cores_are_nng_eq_12_and_algorithm_2(momentum):
     assert_close([a_new, s_new], [(1 - w) * a + w * a_hat, (1 - w) * s + w * s_hat])  # (12)
     g, m, buf = (torch.randn(groups, rows, cols, generator=gen, dtype=torch.float64) for _ in range(3))
     a_inv, s_inv = torch.linalg.inv(spd(cols)), torch.linalg.inv(spd(rows))
-    step = F.kfac_natural_step(g.clone(), m, a_inv, s_inv, gamma_in=gamma_in, momentum=momentum, buffer=buf)
+    step = F.kfac_natural_step([g], [m], a_inv, s_inv, gamma_in=gamma_in, momentum=momentum, buffer=buf)
     expected = s_inv @ (g + gamma_in * m) @ a_inv  # [S^γ]⁻¹ V [A^γ]⁻¹
     assert_close([step], [momentum * buf + expected if momentum else expected])
 

@@ -156,20 +156,6 @@ class KroneckerFamily(VariationalOptimizer):
         groups, rows, _ = self._block_dims(index)
         return join_block(tensors, groups, rows)
 
-    def _prior_gradient(
-        self, index: int, grads: list[Tensor], means: list[Tensor], gamma_in: float
-    ) -> Tensor:
-        """V = ĝ + γ_in M as one block, each parameter's part written in place (bitwise the sum of the
-        joined blocks, without concatenating ĝ and M first)."""
-        groups, rows, cols = self._block_dims(index)
-        v = grads[0].new_empty(groups, rows, cols)
-        start = 0
-        for g, m in zip(grads, means, strict=True):
-            g, m = g.reshape(groups, rows, -1), m.reshape(groups, rows, -1)
-            torch.add(g, m, alpha=gamma_in, out=v[..., start : start + g.shape[-1]])
-            start += g.shape[-1]
-        return v
-
     def _split(self, index: int, block: Tensor) -> list[Tensor]:
         groups, rows, _ = self._block_dims(index)
         return split_block(block, [p.shape for p in self._hooks.layers[index].params], groups, rows)
@@ -238,8 +224,9 @@ class KroneckerFamily(VariationalOptimizer):
             if invert:
                 new.update(self._inverses(group, a, s))  # (13)
             a_inv, s_inv = new.get("A_inv", st["A_inv"]), new.get("S_inv", st["S_inv"])
-            v = self._prior_gradient(i, [grads[k] for k in ks], [means[k] for k in ks], gamma_in)
-            step = F.kfac_precondition(v, a_inv, s_inv)  # S⁻¹ (ĝ + γ_in M) A⁻¹
+            step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹
+                [grads[k] for k in ks], [means[k] for k in ks], a_inv, s_inv, gamma_in=gamma_in
+            )
             pending.append((i, ks, st, new, self._heavy_ball(group, step, st, new)))
         for i, ks, st, new, step in pending:
             st.update(new)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from ._capture import run_core
 from .blocks import adam_moments_, adam_step_, bias_corrections, riemannian_ema_
-from .kfac import kfac_factor_ema, kfac_natural_step, kfac_precondition
+from .kfac import kfac_factor_ema, kfac_natural_step
 from .precisions import (
     diagonal_sigma,
     exp_precision,
@@ -73,7 +73,6 @@ __all__ = [
     "ivon_update_",
     "kfac_factor_ema",
     "kfac_natural_step",
-    "kfac_precondition",
     "laplace_precision",
     "noisy_adam_update_",
     "riemannian_ema_",

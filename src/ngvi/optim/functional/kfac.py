@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -18,8 +20,8 @@ def kfac_factor_ema(
 
 
 def kfac_natural_step(
-    grad: Tensor,
-    mean: Tensor,
+    grads: Sequence[Tensor],
+    means: Sequence[Tensor],
     a_inv: Tensor,
     s_inv: Tensor,
     *,
@@ -27,16 +29,18 @@ def kfac_natural_step(
     momentum: float = 0.0,
     buffer: Tensor | None = None,
 ) -> Tensor:
-    r"""NNG Alg. 2's preconditioned step for one layer block [G, rows, cols], out of place (``grad`` is
-    consumed): :math:`V = \hat g + \gamma_{in}M`, step :math:`= [S^\gamma]^{-1} V [A^\gamma]^{-1}`, and with
-    momentum the heavy-ball buffer m·buf + step (the new buffer is the returned step)."""
-    v = grad.add_(mean, alpha=gamma_in)  # V = ĝ + γ_in M
-    step = kfac_precondition(v, a_inv, s_inv)
+    r"""NNG Alg. 2's preconditioned step for one layer, out of place: :math:`V = \hat g + \gamma_{in}M` as one
+    block [G, rows, cols] (``grads`` and ``means``: the layer's parameters, weight then bias, each written
+    into its columns: no concatenation), step :math:`= [S^\gamma]^{-1} V [A^\gamma]^{-1}`, and with momentum
+    the heavy-ball buffer m·buf + step (the new buffer is the returned step)."""
+    groups, rows, cols = s_inv.shape[0], s_inv.shape[-1], a_inv.shape[-1]
+    v = grads[0].new_empty(groups, rows, cols)
+    start = 0
+    for g, m in zip(grads, means, strict=True):
+        g, m = g.reshape(groups, rows, -1), m.reshape(groups, rows, -1)
+        torch.add(g, m, alpha=gamma_in, out=v[..., start : start + g.shape[-1]])
+        start += g.shape[-1]
+    step = s_inv @ v @ a_inv
     if momentum and buffer is not None:
         step = buffer.mul(momentum).add_(step)
     return step
-
-
-def kfac_precondition(v: Tensor, a_inv: Tensor, s_inv: Tensor) -> Tensor:
-    r""":math:`[S^\gamma]^{-1} V [A^\gamma]^{-1}` for a layer block V [G, rows, cols]."""
-    return s_inv @ v @ a_inv

@@ -64,6 +64,7 @@ class KroneckerFamily(VariationalOptimizer):
 
     takes_model = True
     curvatures = ("ef", "fisher")  # the factors from the closure's or sampled targets
+    maskable_update = False  # its inversions read values back: the host decides non-finite steps
 
     def __init__(
         self,

@@ -43,6 +43,16 @@ class BufferGuard:
     def commit(self) -> None:
         self._samples.clear()
 
+    @torch.no_grad()
+    def commit_unless(self, bad: Tensor) -> None:
+        """The device path's commit: where ``bad`` (a 0-dim bool on the device) is True, every pending
+        sample's buffers back as :meth:`discard_all` would; no value is read by the host."""
+        while self._samples:
+            for module, buffers in self._samples.pop().items():
+                for name, saved in buffers.items():
+                    now = getattr(module, name)
+                    now.copy_(torch.where(bad.to(now.device), saved, now))
+
     def _before_forward(self, module: nn.Module, args: tuple) -> None:
         if isinstance(module, _NormBase) and module.training and module.track_running_stats:
             snapshot = self._samples[-1]

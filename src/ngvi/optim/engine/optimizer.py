@@ -30,6 +30,7 @@ from . import group_keys, mixed_precision, state_checks
 from .accumulator import SampleAccumulator
 from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
+from .device_check import CHECKS, PendingChecks, agreed, masked, nonfinite_flags, use_device_check
 from .noise import NOISES, NoiseCheckpoint, NoiseSource
 from .perturbation import draw, slices
 from .prior import initial_curvature
@@ -68,6 +69,9 @@ class VariationalOptimizer(Optimizer):
         rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
         compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).
         fp32_state: float32 state and master μ for bfloat16/float16 parameters (:mod:`.mixed_precision`).
+        finite_check: where a non-finite step is decided: ``"host"`` (default: one value read back per
+            step) or ``"device"`` (no read: the update is masked on the device and the error comes at the
+            next step or ``check_finite()``); :mod:`.device_check` gives the semantics and the costs.
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction
@@ -83,6 +87,9 @@ class VariationalOptimizer(Optimizer):
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
+    #: ``_update`` writes only μ and the tensors in the parameters' state, so ``finite_check="device"`` can
+    #: mask it (:mod:`.device_check`); False where the step reads values back anyway (K-FAC's inversions)
+    maskable_update: bool = True
 
     @classmethod
     def builds_from_model(cls, **options: Any) -> bool:
@@ -98,6 +105,7 @@ class VariationalOptimizer(Optimizer):
         "_open_sample",
         "_backward_done",
         "_rng_checkpoint",
+        "_pending_checks",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -126,8 +134,15 @@ class VariationalOptimizer(Optimizer):
         rank_noise: str = "shared",
         compile: bool = False,
         fp32_state: bool = True,
+        finite_check: str = "host",
     ):
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
+        self.finite_check = check.choice("finite_check", finite_check, CHECKS)
+        if finite_check == "device" and not self.maskable_update:
+            raise ValueError(
+                f"{type(self).__name__} reads values back in its step (its factorisations), so it cannot "
+                "decide non-finite steps on the device: use finite_check='host'"
+            )
         self.fp32_state = check.boolean("fp32_state", fp32_state)
         self.skip_nonfinite = check.boolean("skip_nonfinite", skip_nonfinite)
         self.compile = check.boolean("compile", compile)
@@ -151,6 +166,7 @@ class VariationalOptimizer(Optimizer):
         self._backward_done = False  # opt.backward() ran in the current sample
         self._rng_checkpoint = None  # the noise before the pending samples: a discard rolls back to it
         self._buffer_guard = BufferGuard()  # batch norm's running statistics, for a skipped step
+        self._pending_checks = PendingChecks()  # the device path's flags on their way to the host
 
     def _estimator_flag(self, name: str) -> bool:  # what the estimator asks of the engine
         return bool(getattr(self.curvature_estimator, name, False))
@@ -237,6 +253,7 @@ class VariationalOptimizer(Optimizer):
         return mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
 
     def state_dict(self) -> dict[str, Any]:
+        self.check_finite()  # a checkpoint never holds a step the device flagged but nobody read
         out = super().state_dict()
         out["state"] = {k: v for k, v in out["state"].items() if v}  # a look-up may leave an empty entry
         return {**out, "ngvi": state_checks.engine_state(self)}
@@ -245,6 +262,7 @@ class VariationalOptimizer(Optimizer):
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that
         names what differs, and the optimizer is left as it was."""
         state_checks.load(self, state_dict, super().load_state_dict)
+        self._pending_checks.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         if self._in_sample:
@@ -252,6 +270,7 @@ class VariationalOptimizer(Optimizer):
                 "cannot copy or pickle the optimizer while a posterior sample is open (in sampled_params(), "
                 "or before end_sample()); do it between steps"
             )
+        self.check_finite()
         skip = {*self.transient, "accumulator", "step", "_opt_called"}  # LR schedulers patch `step`
         out = {k: v for k, v in self.__dict__.items() if k not in skip and not k.startswith("_optimizer_")}
         return {**out, **super().__getstate__()}
@@ -388,6 +407,7 @@ class VariationalOptimizer(Optimizer):
         collected with ``sampled_params(train=True)`` (manual form). Returns the mean loss."""
         if self._in_sample:
             raise RuntimeError("step() was called inside sampled_params(); call it after the with-block")
+        self._read_checks(wait=False)  # the device path: earlier steps' flags that have arrived
         pending = self.accumulator.count
         if closure is None:
             if 0 < pending < self.mc_samples and not self.__dict__.get("_few_samples_warned"):
@@ -443,7 +463,8 @@ class VariationalOptimizer(Optimizer):
                 "(the step count and the noise are left as they were). Does the closure call "
                 "loss.backward() or opt.backward(loss, output)?"
             )
-        if not acc.all_finite(sums, loss):
+        bad = self._flag_on_device(sums, loss) if use_device_check(self) else None
+        if bad is None and not acc.all_finite(sums, loss):
             message = acc.nonfinite_message(type(self).__name__, sums, self.param_groups, loss)
             self._discard_pending()
             if self.skip_nonfinite:
@@ -460,18 +481,74 @@ class VariationalOptimizer(Optimizer):
                     means = TensorList(mixed_precision.mean(self, p) for p in s.params[part])
                     grads = TensorList(t.detach() for t in s.grads.tensors[part])
                     curvs = None if s.curvs is None else TensorList(s.curvs.tensors[part])
-                    self._update(s.group, means, grads, curvs, states[part])
-                    mixed_precision.write_back(self, s.params[part])
+                    with (
+                        contextlib.nullcontext()
+                        if bad is None
+                        else masked(_written(s.params[part], means, states[part]), bad)
+                    ):
+                        self._update(s.group, means, grads, curvs, states[part])
+                        mixed_precision.write_back(self, s.params[part])
         acc.clear()
-        self._buffer_guard.commit()
+        if bad is None:
+            self._buffer_guard.commit()
+        else:
+            self._buffer_guard.commit_unless(bad)
         self._rng_checkpoint = None
         self.num_steps += 1
         _diagnostics.after_step(self)  # warns once if the variance is frozen or at the float limits
         return loss
 
+    def _flag_on_device(self, sums: list[Any], loss: Tensor | None) -> Tensor:
+        """The device path's check (:mod:`.device_check`): a 0-dim bool on the device, True when any ĝ, ĥ
+        or the loss of this step is non-finite on any rank; the per-tensor flags go to the host unread."""
+        checked = [t for s in sums for t in (*s.grads, *(s.curvs or []))]
+        checked += [] if loss is None else [loss.detach().reshape(1)]
+        flags = nonfinite_flags(checked)
+        bad = agreed(flags.any())
+        layout = [(s.group, s.params, s.curvs is not None) for s in sums]
+
+        def describe(indices: list[int]) -> list[str]:
+            places = []
+            for group, params, has_curvs in layout:
+                gi = next(i for i, g in enumerate(self.param_groups) if g is group)
+                for what in ("gradient", "curvature") if has_curvs else ("gradient",):
+                    for p in params:
+                        j = next(i for i, q in enumerate(group["params"]) if q is p)
+                        places.append(
+                            f"the {what} of param_groups[{gi}]['params'][{j}] (shape {tuple(p.shape)})"
+                        )
+            places += ["the loss"] if loss is not None else []
+            return [places[i] if i < len(places) else "another rank" for i in indices]
+
+        self._pending_checks.record(
+            self.num_steps, torch.cat([flags, bad.reshape(1) & ~flags.any()]), describe
+        )
+        return bad
+
+    def check_finite(self) -> None:
+        """Wait for the device path's pending checks (:mod:`.device_check`) and act on them: raise
+        ``NonFiniteGradientError`` for a masked step (or count it, with ``skip_nonfinite=True``). A no-op on
+        the host path, where every step was checked when it ran."""
+        self._read_checks(wait=True)
+
+    def _read_checks(self, wait: bool) -> None:
+        found = self._pending_checks.arrived(wait)
+        self.skipped_steps += len(found)
+        if found and not self.skip_nonfinite:
+            step, places = found[0]
+            more = f" ({len(found) - 1} later step(s) too)" if len(found) > 1 else ""
+            raise NonFiniteGradientError(
+                f"{type(self).__name__}: step {step + 1} had a non-finite value in "
+                f"{', '.join(places)}{more}. "
+                "That update was masked on the device: μ and the optimizer state kept their values (the "
+                "steps queued after it were applied). Check the loss for NaN/Inf, lower the learning rate or "
+                "the initial variance (init_prec), or pass skip_nonfinite=True to skip such steps."
+            )
+
     # -- the posterior -------------------------------------------------------------------------------------
     def diagnostics(self) -> _diagnostics.Diagnostics:
         """Is the variance being learned? Moved precisions, σ and SNR quantiles (ngvi.optim.diagnostics)."""
+        self.check_finite()
         return _diagnostics.report(self)
 
     @torch.no_grad()
@@ -479,6 +556,7 @@ class VariationalOptimizer(Optimizer):
         """A snapshot of q = N(μ, σ²) over the trainable parameters, in parameter order (point estimates:
         σ² = 0). Frozen parameters (``requires_grad=False``) are fixed, not random: they are left out, as by
         every ngvi optimizer, and get no state."""
+        self.check_finite()
         means, variances, point = [], [], []
         for group in self.param_groups:
             params = self.trainable(group)
@@ -493,3 +571,10 @@ class VariationalOptimizer(Optimizer):
                     variances.append(precision.reciprocal())
                 means.append(self.mean_of(p))
         return DiagonalGaussian(means, variances, point=point)
+
+
+def _written(params: list[Tensor], means: TensorList, states: list[dict[str, Any]]) -> list[Tensor]:
+    """What an update may write: μ, every tensor in the parameters' state, and a promoted parameter (which
+    receives its rounded master)."""
+    out = [*means, *(v for st in states for v in st.values() if isinstance(v, Tensor))]
+    return out + [p.detach() for p, st in zip(params, states, strict=True) if "master" in st]

@@ -1,0 +1,245 @@
+"""The GPU step bench (issue 30): ms per step of every rule on the language model, beside AdamW (fused).
+
+One run of this script makes ``docs/results/bench/gpu/`` (results.json, table.md). The methods run
+interleaved in rounds on one GPU, each on its own copy of the model, so every ratio compares steps taken
+minutes apart on the same card; kernel launches per step come from torch.profiler, host reads per step from
+a TorchDispatchMode (``aten._local_scalar_dense`` and kin). Each ngvi rule runs with its defaults, twice:
+``finite_check="host"`` (the engine of 1b2beed: one value read back per step) and ``"device"`` (the new
+default on accelerators: nothing read back). ivon-opt runs where it imports (``pip install ivon-opt``).
+
+    PYTHONPATH=src python benchmarks/gpu_lm.py --out docs/results/bench/gpu      # on a GPU, ~5 minutes
+    PYTHONPATH=src python benchmarks/gpu_lm.py --small --device cpu --rounds 2    # a smoke run on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ngvi
+from ngvi.baselines import KFAC
+from ngvi.experiments.bench.lm import FULL, SMALL, LanguageModel, lm_batch, lm_loss
+
+SYNC_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.nonzero"}
+LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
+
+
+class HostReads(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += str(func.overloadpacket) in SYNC_OPS
+        return func(*args, **(kwargs or {}))
+
+
+def methods(n: int) -> dict:
+    """label → (builder(model) → optimizer, kind): "torch" steps after backward, "ngvi" takes the closure."""
+    out = {
+        "AdamW (fused)": (lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True), "torch"),
+        "forward + backward": (None, "none"),
+    }
+    for check in ("host", "device"):
+        for name in ("IVON", "Vadam", "Vprop", "NoisyAdam", "BAdam"):
+            cls = getattr(ngvi, name)
+            out[f"{name} ({check})"] = (
+                lambda m, cls=cls, check=check: cls(
+                    [p for p in m.parameters() if p.requires_grad], data_size=n, finite_check=check
+                ),
+                "ngvi",
+            )
+        out[f"VOGN ({check})"] = (
+            lambda m, check=check: ngvi.VOGN(m, data_size=n, finite_check=check),
+            "ngvi",
+        )
+    out["K-FAC (host)"] = (lambda m: KFAC(m, data_size=n), "ngvi")
+    out["NoisyKFAC (host)"] = (lambda m: ngvi.NoisyKFAC(m, data_size=n), "ngvi")
+    try:
+        import ivon
+
+        out["ivon-opt IVON"] = (
+            lambda m: ivon.IVON([p for p in m.parameters() if p.requires_grad], lr=0.1, ess=n, hess_init=1.0),
+            "ivon",
+        )
+    except ImportError:
+        print("ivon-opt not installed: left out", file=sys.stderr)
+    return out
+
+
+def make_step(kind, opt, model, x, y, device):
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def forward_backward():
+        for p in params:
+            p.grad = None
+        with autocast:
+            logits = model(x)
+        loss = lm_loss(logits, y)
+        return loss, logits
+
+    if kind == "none":
+        return lambda: forward_backward()[0].backward()
+    if kind == "torch":
+
+        def step():
+            loss, _ = forward_backward()
+            loss.backward()
+            opt.step()
+
+        return step
+    if kind == "ivon":
+
+        def step():
+            with opt.sampled_params(train=True):
+                loss, _ = forward_backward()
+                loss.backward()
+            opt.step()
+
+        return step
+
+    def closure():
+        loss, logits = forward_backward()
+        opt.backward(loss, logits)
+        return loss
+
+    return lambda: opt.step(closure)
+
+
+def state_bytes(opt) -> int:
+    if opt is None:
+        return 0
+    entries = [st for st in opt.state.values() if isinstance(st, dict)]
+    return sum(v.numel() * v.element_size() for st in entries for v in st.values() if torch.is_tensor(v))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--small", action="store_true", help="the CPU's scaled-down model")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=8, help="steps per method per round")
+    ap.add_argument("--only", default="", help="comma-separated labels (default: all)")
+    ap.add_argument("--out", default="docs/results/bench/gpu")
+    ap.add_argument("--no-mask", action="store_true", help="diagnostic: the device path without its mask")
+    ap.add_argument("--top", default="", help="print the host-time profile of this label's step")
+    args = ap.parse_args()
+    if args.no_mask:  # what the mask costs (a bad step would then corrupt the state: a measurement only)
+        import contextlib
+
+        import ngvi.optim.engine.optimizer as engine
+
+        engine.masked = lambda written, bad: contextlib.nullcontext()
+    device = torch.device(args.device)
+    config = SMALL if args.small else FULL
+    torch.manual_seed(0)
+    base = LanguageModel(config).to(device)
+    x, y = lm_batch(config, device)
+    table = methods(n=100_000)
+    if args.only:
+        table = {k: v for k, v in table.items() if k in args.only.split(",")}
+    runs, rows = {}, collections.OrderedDict()
+    for label, (build, kind) in table.items():
+        model = copy.deepcopy(base)
+        opt = build(model) if build else None
+        runs[label] = (make_step(kind, opt, model, x, y, device), opt, model)
+        print(f"built {label}", flush=True)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for label, (step, _, _) in runs.items():  # warm-up (allocator, cuBLAS plans, the first diagnostics)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            step()
+        sync()
+        print(f"warm {label}: {time.perf_counter() - t0:.1f} s", flush=True)
+    times = collections.defaultdict(list)
+    for r in range(args.rounds):
+        for label, (step, _, _) in runs.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            sync()
+            times[label].append(1000 * (time.perf_counter() - t0) / args.steps)
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    for label, (step, opt, _) in runs.items():
+        reads = HostReads()
+        with reads:
+            step()
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(2):
+                step()
+            sync()
+        launches = sum(e.count for e in prof.key_averages() if e.key in LAUNCHES) / 2
+        if label == args.top:
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+        rows[label] = {
+            "ms": statistics.median(times[label]),
+            "ms_rounds": times[label],
+            "kernel_launches": launches,
+            "host_reads": reads.count,
+            "state_MiB": state_bytes(opt) / 2**20,
+        }
+    ref = rows["AdamW (fused)"]["ms"]
+    fb = rows["forward + backward"]["ms"]
+    ivon_ref = rows.get("ivon-opt IVON", {}).get("ms")
+    kfac = rows.get("K-FAC (host)", {}).get("ms")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor()
+    weights = sum(p.numel() for p in base.parameters() if p.requires_grad) / 1e6
+    lines = [
+        f"# GPU step bench: {name}",
+        "",
+        f"torch {torch.__version__}; model {config}; {weights:.1f}M trainable weights; bf16 autocast, "
+        f"float32 parameters; median of {args.rounds} interleaved rounds of {args.steps} steps. Command: "
+        f"`PYTHONPATH=src python benchmarks/gpu_lm.py {' '.join(sys.argv[1:])}`",
+        "",
+        "| method | ms/step | × AdamW (fused) | ms over fwd+bwd | × ivon-opt | × K-FAC "
+        "| kernel launches/step | host reads/step | state MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def ratio(ms: float, ref_ms: float | None) -> str:
+        return f"{ms / ref_ms:.2f}" if ref_ms else "–"
+
+    for label, row in rows.items():
+        ms = row["ms"]
+        lines.append(
+            f"| {label} | {ms:.1f} | {ms / ref:.3f} | {ms - fb:.1f} | {ratio(ms, ivon_ref)} | "
+            f"{ratio(ms, kfac) if 'K-FAC' in label or 'KFAC' in label else '–'} | "
+            f"{row['kernel_launches']:.0f} | {row['host_reads']} | {row['state_MiB']:.0f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(text)
+    meta = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "config": config.__dict__,
+        "argv": sys.argv[1:],
+    }
+    if device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name()
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 
 import optuna
 import pytest
@@ -95,3 +97,72 @@ def test_uci_with_another_seed_in_one_storage_tunes_its_own(tmp_path, data_dir):
     for name in names:
         assert len(optuna.load_study(study_name=name, storage=study).trials) == 2
     assert tuned[1]["cv_loglik"] != tuned[0]["cv_loglik"]
+
+
+# -- item 7: a bad --tune-storage is one line that names the option and the path -------------------------
+UCI = ["uci", "--datasets", "yacht", "--methods", "vadam", "--splits", "1", "--epochs", "1", "--tune", "bo"]
+UCI += ["--trials", "1", "--folds", "2", "--jobs", "1"]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("foo://bar", "unknown database kind 'foo'"),
+        ("sqlite:///{tmp}/missing/x.db", "the folder {tmp}/missing of {tmp}/missing/x.db does not exist"),
+        ("postgresql://me:secret@localhost/db", "the postgresql driver is not installed (missing module: "),
+        ("{tmp}/missing/j.log", "the folder {tmp}/missing of {tmp}/missing/j.log does not exist"),
+        ("sqlite:///{tmp}", "is a folder; give an sqlite database file in it"),
+        ("://x", "not a database URL"),
+    ],
+    ids=["unknown-kind", "sqlite-missing-folder", "no-driver", "journal-missing-folder", "folder", "garbage"],
+)
+def test_a_bad_tune_storage_is_one_line_before_any_fit(url, says, tmp_path, data_dir, capsys, monkeypatch):
+    for driver in ("psycopg", "psycopg2"):  # missing even where one is installed
+        monkeypatch.setitem(sys.modules, driver, None)
+    url, says = url.format(tmp=tmp_path), says.format(tmp=tmp_path)
+    assert cli.main([*UCI, "--tune-storage", url, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ngvi uci: error: argument --tune-storage: ") and err.count("\n") == 1, err
+    assert says in err and "secret" not in err
+    assert not (tmp_path / "out" / "results.json").exists()
+    with pytest.raises(ValueError, match=re.escape(says)):  # the Python API says the same
+        storage(url)
+
+
+def test_a_database_that_cannot_be_opened_is_one_line(tmp_path, data_dir, capsys):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not an sqlite file" * 100)
+    assert cli.main([*UCI, "--tune-storage", f"sqlite:///{junk}", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"ngvi uci: error: --tune-storage sqlite:///{junk}: cannot open the database (file is not a "
+        "database); check the URL (and that its server runs)\n"
+    )
+
+
+def test_an_os_error_names_its_path_and_the_option_it_came_from(tmp_path, data_dir, capsys):
+    journal = tmp_path / "j.log"
+    journal.symlink_to(tmp_path / "gone" / "j.log")  # its folder exists; opening it does not work
+    assert cli.main([*UCI, "--tune-storage", str(journal), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"ngvi uci: error: --tune-storage {journal}: No such file or directory\n"
+
+
+def test_os_error_message_names_the_most_specific_option(tmp_path, monkeypatch):
+    monkeypatch.setenv("NGVI_DATA", str(tmp_path / "data"))
+    options = {"command": "uci", "out": str(tmp_path / "out"), "merge_from": [str(tmp_path / "o2")]}
+    options["out_sub"] = str(tmp_path / "out" / "sub")
+
+    def text(path, errno=2, strerror="No such file or directory"):
+        return cli.os_error_message(OSError(errno, strerror, str(path)), options)
+
+    assert text(tmp_path / "out" / "sub" / "x.json") == (
+        f"--out-sub {tmp_path}/out/sub: No such file or directory: {tmp_path}/out/sub/x.json"
+    )
+    assert text(tmp_path / "out" / "x.json").startswith(f"--out {tmp_path}/out: No such file")
+    assert text(tmp_path / "o2") == f"--merge-from {tmp_path}/o2: No such file or directory"
+    assert text(tmp_path / "data" / "uci") == (
+        f"$NGVI_DATA {tmp_path}/data: No such file or directory: {tmp_path}/data/uci"
+    )
+    assert text("/elsewhere/f", 13, "Permission denied") == "Permission denied: /elsewhere/f"
+    assert cli.os_error_message(OSError("disk on fire"), options) == "disk on fire"

@@ -33,6 +33,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
     """``--tune-storage`` and ``--tune-parallel``, for an experiment that tunes with :func:`maximise`."""
     parser.add_argument(
         "--tune-storage",
+        type=_storage_argument,
         default=None,
         help="the optuna study's storage: a journal file, or a database URL (sqlite:///x.db, "
         "postgresql://...); on a cluster, one that every process reaches (default: a journal in --out)",
@@ -83,13 +85,86 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def shown(where: str | Path) -> str:
+    """``where`` as an error message may print it: a database URL's password masked."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", str(where))
+
+
+def check_storage(where: str | Path) -> str:
+    """``where`` if a study can be stored there, else a ValueError in one line that says why and what to do:
+    a database URL of a kind SQLAlchemy knows, whose driver is installed (an sqlite file in a folder that
+    exists), or a journal file path in a folder that exists. Nothing is created or connected to."""
+    text = str(where)
+    if "://" not in text:
+        return _check_file(text, "a journal file")
+    from sqlalchemy import exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(text)
+        dialect = url.get_dialect()
+    except exc.NoSuchModuleError:
+        kind = text.partition("://")[0]
+        raise ValueError(
+            f"{shown(text)}: unknown database kind {kind!r}; give a journal file path, or a database URL "
+            "such as sqlite:///path/study.db or postgresql://user@host/db"
+        ) from None
+    except exc.ArgumentError:
+        raise ValueError(
+            f"{shown(text)}: not a database URL; give a journal file path, or a URL such as "
+            "sqlite:///path/study.db or postgresql://user@host/db"
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as err:
+        driver, kind = getattr(err, "name", None) or url.get_driver_name(), url.get_backend_name()
+        raise ValueError(
+            f"{shown(text)}: the {kind} driver is not installed (missing module: {driver}); "
+            f"pip install it, or name an installed driver: {kind}+<driver>://..."
+        ) from None
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        _check_file(url.database, "an sqlite database file", shown(text), "study.db")
+    return text
+
+
+def _check_file(path: str, what: str, given: str | None = None, example: str = "study.log") -> str:
+    """``path`` as a file to open or create: its folder exists and it is not a folder itself."""
+    file = Path(path).expanduser()
+    prefix = f"{given}: " if given is not None else ""
+    if file.is_dir():
+        raise ValueError(f"{prefix}{path} is a folder; give {what} in it, e.g. {file / example}")
+    if not file.parent.is_dir():
+        raise ValueError(f"{prefix}the folder {file.parent} of {path} does not exist; create it first")
+    return path
+
+
+def _storage_argument(text: str) -> str:
+    """``--tune-storage`` checked at parse time, so a typo fails before any fit."""
+    try:
+        return check_storage(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def storage(where: str | Path) -> Any:
-    """An optuna storage: a database URL (``scheme://...``), or else a journal file at that path."""
+    """An optuna storage: a database URL (``scheme://...``), or else a journal file at that path. A bad URL,
+    a missing driver or a database that cannot be opened is a ValueError in one line that names
+    ``--tune-storage``; a journal that cannot be opened is the OSError that names its path."""
     import optuna
 
-    if "://" in str(where):
-        return optuna.storages.RDBStorage(str(where))
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(where)))
+    text = check_storage(where)
+    if "://" not in text:
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(text))
+    from sqlalchemy import exc
+
+    try:
+        return optuna.storages.RDBStorage(text)
+    except exc.SQLAlchemyError as err:  # no server there, refused, not a database file, ...
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        raise ValueError(
+            f"--tune-storage {shown(text)}: cannot open the database ({reason}); check the URL (and that its "
+            "server runs)"
+        ) from None
 
 
 def maximise(
@@ -224,7 +299,7 @@ def _check_config(study: Any, config: dict[str, Any], where: str | Path) -> None
     if recorded is None or _canonical(recorded) != _canonical(config):
         differ = sorted(k for k in config if not isinstance(recorded, dict) or recorded.get(k) != config[k])
         raise ValueError(
-            f"the tuning study {study.study_name!r} in {where} was made with another config "
+            f"the tuning study {study.study_name!r} in {shown(where)} was made with another config "
             f"({', '.join(differ) or 'none recorded'} differ); use another --tune-storage, or delete that "
             "study"
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import COMMANDS, command
 from .core.args import Parser, jobs, out_folder
-from .core.backends import BACKENDS
+from .core.backends import BACKENDS, CONNECT_TIMEOUT
 
 # The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
 # imports as pyro): the library needs only torch and numpy, the experiments need these as well.
@@ -147,8 +147,9 @@ def _common_arguments(parser: Parser, experiment: Any) -> None:
         parser.add_argument(
             "--ray-address",
             default=None,
-            help="with --backend ray: a cluster to join (auto: the one `ray start` runs here); default: "
-            "start a local Ray instance with --jobs CPUs, stopped at the end",
+            help="with --backend ray: a cluster to join, host:port, ray://host:port or auto (the one `ray "
+            f"start` runs here), which must answer within {CONNECT_TIMEOUT:g} s; default: start a local "
+            "Ray instance with --jobs CPUs, stopped at the end",
         )
 
 

@@ -55,6 +55,24 @@ def test_a_silent_address_times_out_in_one_line():
     )
 
 
+def test_an_address_that_answers_passes(monkeypatch):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        port = server.getsockname()[1]
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}", f"localhost:{port}"):
+            assert probe_ray_address(address, timeout=5) is None
+        pytest.importorskip("ray")
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")  # `auto` takes it, as ray.init does
+        assert probe_ray_address("auto", timeout=5) is None
+    refused = refused_port()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{refused}")
+    with pytest.raises(
+        ValueError, match=rf"^--ray-address auto: no Ray cluster answers at 127.0.0.1:{refused}"
+    ):
+        probe_ray_address("auto", timeout=5)
+
+
 @pytest.mark.parametrize("address", ["foo", "127.0.0.1:99999", "127.0.0.1:", ":6379", "127.0.0.1:x"])
 def test_a_malformed_address_is_one_line(address):
     with pytest.raises(

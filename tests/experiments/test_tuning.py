@@ -166,3 +166,11 @@ def test_os_error_message_names_the_most_specific_option(tmp_path, monkeypatch):
     )
     assert text("/elsewhere/f", 13, "Permission denied") == "Permission denied: /elsewhere/f"
     assert cli.os_error_message(OSError("disk on fire"), options) == "disk on fire"
+    assert (
+        cli.os_error_message(OSError(9, "Bad file descriptor", 3), options)
+        == "[Errno 9] Bad file descriptor: 3"
+    )
+    moved = OSError(18, "Invalid cross-device link", f"{tmp_path}/out/a", None, "/mnt/b")
+    assert cli.os_error_message(moved, options) == (
+        f"--out {tmp_path}/out: Invalid cross-device link: {tmp_path}/out/a -> /mnt/b"
+    )

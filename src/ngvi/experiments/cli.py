@@ -63,10 +63,11 @@ def os_error_message(err: OSError, options: dict[str, Any]) -> str:
     """``err`` in one line that names its path and the option that path came from: the option (``dest``
     in ``options``, as argparse names it) whose value is that path or a folder above it, the most specific
     one; else ``$NGVI_DATA`` where the path is in it. An OSError without a path keeps its own text."""
-    if not err.strerror or err.filename is None:
+    if not err.strerror or not isinstance(err.filename, str | bytes | os.PathLike):  # none, or a descriptor
         return str(err)
     path = os.fsdecode(err.filename)
-    where = f"{path} -> {os.fsdecode(err.filename2)}" if err.filename2 is not None else path
+    second = err.filename2
+    where = f"{path} -> {os.fsdecode(second)}" if isinstance(second, str | bytes | os.PathLike) else path
     found = _source_of(path, options)
     if found is None:
         return f"{err.strerror}: {where}"

@@ -129,7 +129,7 @@ def check_storage(where: str | Path) -> str:
 
 def _check_file(path: str, what: str, given: str | None = None, example: str = "study.log") -> str:
     """``path`` as a file to open or create: its folder exists and it is not a folder itself."""
-    file = Path(path).expanduser()
+    file = Path(path)  # as it will be opened: no ~ expansion
     prefix = f"{given}: " if given is not None else ""
     if file.is_dir():
         raise ValueError(f"{prefix}{path} is a folder; give {what} in it, e.g. {file / example}")

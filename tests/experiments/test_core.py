@@ -138,9 +138,11 @@ def test_bo_finds_the_optimum_of_a_smooth_objective(tmp_path):
         return -((math.log(hp["a"]) - 1.0) ** 2) - (0.0 if hp["kind"] == "x" else 1.0)
 
     space = {"a": LogUniform(-3.0, 3.0), "kind": Choice(("x", "y"))}
-    best = maximise(objective, space, 25, tmp_path / "j.log", "t", seed=0, starts=[{"a": 1.0, "kind": "y"}])
+    starts = [{"a": 1.0, "kind": "y"}]
+    best = maximise(objective, space, 25, tmp_path / "j.log", "t", seed=0, starts=starts)
     assert best["kind"] == "x" and abs(math.log(best["a"]) - 1.0) < 0.3 and best["value"] > -0.1
-    again = maximise(objective, space, 25, tmp_path / "j.log", "t", seed=0)  # resumed: no new trials
+    # resumed (the same config): no new trials
+    again = maximise(objective, space, 25, tmp_path / "j.log", "t", seed=0, starts=starts)
     assert again["a"] == best["a"]
 
 

@@ -252,7 +252,8 @@ def test_parallel_trials_share_one_study_in_a_database_and_sequential_ones_repea
     assert best["trials"] == 6 and abs(best["x"] - 1.0) < 0.8
     import optuna
 
-    study = optuna.load_study(study_name="square", storage=url)
+    (name,) = optuna.get_all_study_names(url)  # "square/" and the digest of its config
+    study = optuna.load_study(study_name=name, storage=url)
     trials = study.trials
     assert 6 <= len(trials) <= 7  # the budget, and at most the one trial still running when it was met
     overlap = any(
@@ -262,7 +263,9 @@ def test_parallel_trials_share_one_study_in_a_database_and_sequential_ones_repea
 
     def sequential(name):
         maximise(objective, space, 4, tmp_path / f"{name}.log", "square", startup_trials=2)
-        trials = optuna.load_study(study_name="square", storage=storage(tmp_path / f"{name}.log")).trials
+        journal = storage(tmp_path / f"{name}.log")
+        (study,) = optuna.get_all_study_names(journal)
+        trials = optuna.load_study(study_name=study, storage=journal).trials
         return [t.params for t in trials]
 
     assert sequential("one") == sequential("two")

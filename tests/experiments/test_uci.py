@@ -16,7 +16,7 @@ from conftest import need_data
 from ngvi.baselines import BBVI
 from ngvi.experiments.cli import main
 from ngvi.experiments.core.report import bold_set, fmt_mean_se
-from ngvi.experiments.core.tuning import LogUniform
+from ngvi.experiments.core.tuning import LogUniform, storage
 from ngvi.experiments.uci.experiment import STANDARD_SETS, _prior_prec_cell, fit_seconds, shipped_hparams
 from ngvi.experiments.uci.methods import METHODS
 from ngvi.experiments.uci.report import METRICS, _per_split, build_table
@@ -183,7 +183,7 @@ def test_bo_evaluates_the_warm_starts_first(tmp_path):
         return -((math.log(hp["noise_prec"]) - 2.0) ** 2) - (math.log(hp["prior_prec"]) - 1.0) ** 2
 
     starts = [{"noise_prec": math.exp(2.0), "prior_prec": math.e}, {"noise_prec": 1e5, "prior_prec": 1.0}]
-    best = tune(METHODS["vogn"], "yacht", cv_loglik, 3, tmp_path / "j.log", "test", starts=starts)
+    best = tune(METHODS["vogn"], "yacht", cv_loglik, 3, tmp_path / "j.log", {"name": "test"}, starts=starts)
     assert seen[0] == pytest.approx(starts[0])
     assert seen[1] == pytest.approx({"noise_prec": math.exp(9.0), "prior_prec": 1.0})  # clipped to log τ ≤ 9
     assert best["noise_prec"] == pytest.approx(math.exp(2.0)) and best["cv_loglik"] == pytest.approx(0.0)
@@ -267,13 +267,11 @@ def test_bo_scores_a_diverged_fit_as_the_worst_value_so_far(tmp_path):
         {"noise_prec": math.exp(1.0), "prior_prec": 1.0},
         {"noise_prec": math.exp(4.5), "prior_prec": 1.0},
     ]
-    best = tune(METHODS["vogn"], "yacht", cv_loglik, 8, tmp_path / "j.log", "test", starts=starts)
-    study = optuna.load_study(
-        study_name="yacht/vogn/test",
-        storage=optuna.storages.JournalStorage(
-            optuna.storages.journal.JournalFileBackend(str(tmp_path / "j.log"))
-        ),
-    )
+    best = tune(METHODS["vogn"], "yacht", cv_loglik, 8, tmp_path / "j.log", {"name": "test"}, starts=starts)
+    journal = storage(tmp_path / "j.log")
+    (name,) = optuna.get_all_study_names(journal)
+    assert name.startswith("yacht/vogn/")
+    study = optuna.load_study(study_name=name, storage=journal)
     second = study.trials[1]
     assert second.user_attrs["diverged"] and second.value == pytest.approx(-1.0)  # the first trial's value
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import COMMANDS, command
 from .core.args import Parser, jobs, out_folder
-from .core.backends import BACKENDS
+from .core.backends import BACKENDS, CONNECT_TIMEOUT
 
 # The import names of the `experiments` extra in pyproject.toml (pip install "ngvi[experiments]"; pyro-ppl
 # imports as pyro): the library needs only torch and numpy, the experiments need these as well.
@@ -55,6 +57,43 @@ def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:
         f"ngvi {command}: error: this command needs the experiments extra: "
         f'pip install "ngvi[experiments]" (missing: {missing})'
     )
+
+
+def os_error_message(err: OSError, options: dict[str, Any]) -> str:
+    """``err`` in one line that names its path and the option that path came from: the option (``dest``
+    in ``options``, as argparse names it) whose value is that path or a folder above it, the most specific
+    one; else ``$NGVI_DATA`` where the path is in it. An OSError without a path keeps its own text."""
+    if not err.strerror or not isinstance(err.filename, str | bytes | os.PathLike):  # none, or a descriptor
+        return str(err)
+    path = os.fsdecode(err.filename)
+    second = err.filename2
+    where = f"{path} -> {os.fsdecode(second)}" if isinstance(second, str | bytes | os.PathLike) else path
+    found = _source_of(path, options)
+    if found is None:
+        return f"{err.strerror}: {where}"
+    option, value = found
+    if os.path.abspath(value) == os.path.abspath(path):
+        return f"{option} {where}: {err.strerror}"
+    return f"{option} {value}: {err.strerror}: {where}"
+
+
+def _source_of(path: str, options: dict[str, Any]) -> tuple[str, str] | None:
+    """(option, value) of the option whose value is ``path`` or a folder above it, the longest such."""
+    given = [(f"--{dest.replace('_', '-')}", v) for dest, v in options.items() if dest != "command"]
+    if os.environ.get("NGVI_DATA"):  # where --data-dir was left out, the data come from here
+        given.append(("$NGVI_DATA", os.environ["NGVI_DATA"]))
+    target = Path(os.path.abspath(path))
+    best: tuple[str, str] | None = None
+    for option, value in given:
+        for v in value if isinstance(value, list) else [value]:
+            if not isinstance(v, str | os.PathLike) or "://" in str(v) or not str(v).strip():
+                continue
+            folder = Path(os.path.abspath(v))
+            if (target == folder or folder in target.parents) and (
+                best is None or len(str(folder)) > len(os.path.abspath(best[1]))
+            ):
+                best = (option, os.fspath(v))
+    return best
 
 
 def _epilog(cmd: Any) -> dict[str, Any]:
@@ -109,8 +148,9 @@ def _common_arguments(parser: Parser, experiment: Any) -> None:
         parser.add_argument(
             "--ray-address",
             default=None,
-            help="with --backend ray: a cluster to join (auto: the one `ray start` runs here); default: "
-            "start a local Ray instance with --jobs CPUs, stopped at the end",
+            help="with --backend ray: a cluster to join, host:port, ray://host:port or auto (the one `ray "
+            f"start` runs here), which must answer within {CONNECT_TIMEOUT:g} s; default: start a local "
+            "Ray instance with --jobs CPUs, stopped at the end",
         )
 
 
@@ -150,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
         except (ValueError, OSError) as err:  # the first line says what and what to do; details follow
-            text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            text = os_error_message(err, vars(args)) if isinstance(err, OSError) else str(err)
             message = f"{prog}: error: {text.strip().splitlines()[0]}"
     if message is not None:
         print(message, file=sys.stderr)

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +37,10 @@ class Experiment(Protocol):
 
 #: how many times Ray reruns a job whose worker process died before recording it as failed
 MAX_RETRIES = 3
+#: seconds that ``--ray-address`` has to accept a connection before the run gives up (see probe_ray_address)
+CONNECT_TIMEOUT = 10.0
+#: the port of a Ray Client server (``ray://host``) when the address names none
+RAY_CLIENT_PORT = 10001
 BACKENDS = ("local", "ray")
 
 
@@ -170,6 +175,69 @@ def import_ray() -> Any:
     return ray
 
 
+def probe_ray_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raise a one-line ValueError unless something at ``address`` accepts a TCP connection within
+    ``timeout`` seconds.
+
+    Ray itself, given an address where nothing answers, retries in C++ for minutes, where Ctrl-C is acted
+    on only between its waits (3–60 s later). So we connect first, from Python: a refused or silent port
+    fails in one line, and Ctrl-C ends the wait at once. ``auto`` is resolved as Ray resolves it (its
+    environment, then the last ``ray start`` here); a loopback host is also tried at the node's own address,
+    which is the one Ray connects to. That something answers does not prove it is Ray's GCS: only that the
+    address is not a typo, or a cluster that is down."""
+    targets = _ray_targets(address)
+    deadline = time.monotonic() + timeout
+    reasons = []
+    for host, port in targets:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except TimeoutError:
+            reasons.append(f"no answer within {timeout:g} s")
+        except OSError as err:  # refused, unreachable, an unknown host
+            reasons.append(err.strerror or str(err))
+    where = " or ".join(f"{h}:{p}" for h, p in targets)
+    raise ValueError(
+        f"--ray-address {address}: no Ray cluster answers at {where} ({'; '.join(dict.fromkeys(reasons))}); "
+        "start one with `ray start --head`, or check the address"
+    )
+
+
+def _ray_targets(address: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs that ``address`` names: ``host:port``, ``ray://host[:port]`` or ``auto``."""
+    text = address.strip()
+    client = text.startswith("ray://")
+    if client:
+        text = text.removeprefix("ray://")
+    elif text == "auto":
+        from ray._private import services  # Ray's own lookup: RAY_ADDRESS, then the last `ray start` here
+
+        try:
+            text = services.get_ray_address_from_environment("auto", None)
+        except ConnectionError:
+            raise ValueError(
+                "--ray-address auto: no running Ray cluster found on this machine; start one with "
+                "`ray start --head`, or give its address as host:port"
+            ) from None
+    host, colon, port_text = text.rpartition(":")
+    if not colon and client:
+        host, port_text = text, str(RAY_CLIENT_PORT)
+    host = host.strip("[]")  # [::1]:6379
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(
+            f"--ray-address {address}: expected host:port (e.g. 10.0.0.5:6379), ray://host:port, or auto"
+        )
+    targets = [(host, int(port_text))]
+    if not client and host in ("localhost", "127.0.0.1", "::1"):
+        with contextlib.suppress(Exception):  # Ray's helper, private: without it, the loopback alone
+            from ray._private.services import resolve_ip_for_localhost
+
+            node = resolve_ip_for_localhost(host)
+            if node != host:
+                targets.append((node, int(port_text)))
+    return targets
+
+
 class RayBackend:
     """Each job a Ray task with the CPUs (and GPUs) that ``experiment.resources(spec)`` asks for.
 
@@ -197,6 +265,8 @@ class RayBackend:
             }
             if address is None:  # "local": a new instance, even where ray.init() would find a running one
                 options["num_cpus"] = jobs
+            else:  # fail in one line, and at once on Ctrl-C, where nothing answers (ray.init would hang)
+                probe_ray_address(address)
             ray.init(address=address or "local", **options)
         self.task = ray.remote(_ray_job)
 

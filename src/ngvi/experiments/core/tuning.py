@@ -1,9 +1,17 @@
 """Bayesian optimisation of an experiment's hyperparameters (optuna's GP sampler), resumable.
 
-Trials go to an optuna journal file in the results folder, so a killed tuning run resumes. A study is named
-after what it optimises (the data set, method and objective), so a resumed study continues only trials of
-the same objective, and a larger trial budget extends it. A fresh study first evaluates ``starts``: good
-guesses, such as the optima already found for other methods of the same model.
+Trials go to an optuna journal file in the results folder, so a killed tuning run resumes. A study is keyed
+by everything its result depends on (:func:`study_config`): the caller's name and objective (e.g. the data
+set, method, data split, folds, epochs and the jobs' seed), the search box, the fixed values, the trial
+budget, the sampler's seed and startup trials, the warm starts, and :data:`PROTOCOL`. Its name is the
+caller's name plus a digest of that config, and the config itself is kept in the study's user attributes and
+compared on resume: a study resumes only where the config matches exactly, and anything else gets a study of
+its own (a study under the same name whose recorded config differs is refused). So two runs with other seeds
+or other budgets may share one ``--tune-storage`` without taking each other's trials. A larger budget starts
+a new study rather than extending the old one: a study extended by a resumed sampler is not the one a single
+run with that budget makes, and the tuned values must not depend on the history of earlier commands. A
+fresh study first evaluates ``starts``: good guesses, such as the optima already found for other methods of
+the same model.
 
 Trials in parallel (``--tune-parallel N``): N trials of one study are in flight at once, each evaluating its
 objective on the run's backend (its folds are jobs there, so on Ray they spread over the cluster's workers).
@@ -22,7 +30,10 @@ experiment's ``tuned.json``), so the fits that use them stay reproducible.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,11 +60,18 @@ class Choice:
 
 Space = dict[str, LogUniform | Choice]
 
+#: the version of how a study is made and scored (the trial parameters, the divergence rule, the config
+#: below); bumped when that changes, so that no study of an older protocol is resumed
+PROTOCOL = 2
+#: the study's user attribute that holds its config
+CONFIG_ATTR = "ngvi_config"
+
 
 def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
     """``--tune-storage`` and ``--tune-parallel``, for an experiment that tunes with :func:`maximise`."""
     parser.add_argument(
         "--tune-storage",
+        type=_storage_argument,
         default=None,
         help="the optuna study's storage: a journal file, or a database URL (sqlite:///x.db, "
         "postgresql://...); on a cluster, one that every process reaches (default: a journal in --out)",
@@ -67,13 +85,86 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def shown(where: str | Path) -> str:
+    """``where`` as an error message may print it: a database URL's password masked."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", str(where))
+
+
+def check_storage(where: str | Path) -> str:
+    """``where`` if a study can be stored there, else a ValueError in one line that says why and what to do:
+    a database URL of a kind SQLAlchemy knows, whose driver is installed (an sqlite file in a folder that
+    exists), or a journal file path in a folder that exists. Nothing is created or connected to."""
+    text = str(where)
+    if "://" not in text:
+        return _check_file(text, "a journal file")
+    from sqlalchemy import exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(text)
+        dialect = url.get_dialect()
+    except exc.NoSuchModuleError:
+        kind = text.partition("://")[0]
+        raise ValueError(
+            f"{shown(text)}: unknown database kind {kind!r}; give a journal file path, or a database URL "
+            "such as sqlite:///path/study.db or postgresql://user@host/db"
+        ) from None
+    except exc.ArgumentError:
+        raise ValueError(
+            f"{shown(text)}: not a database URL; give a journal file path, or a URL such as "
+            "sqlite:///path/study.db or postgresql://user@host/db"
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as err:
+        driver, kind = getattr(err, "name", None) or url.get_driver_name(), url.get_backend_name()
+        raise ValueError(
+            f"{shown(text)}: the {kind} driver is not installed (missing module: {driver}); "
+            f"pip install it, or name an installed driver: {kind}+<driver>://..."
+        ) from None
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        _check_file(url.database, "an sqlite database file", shown(text), "study.db")
+    return text
+
+
+def _check_file(path: str, what: str, given: str | None = None, example: str = "study.log") -> str:
+    """``path`` as a file to open or create: its folder exists and it is not a folder itself."""
+    file = Path(path)  # as it will be opened: no ~ expansion
+    prefix = f"{given}: " if given is not None else ""
+    if file.is_dir():
+        raise ValueError(f"{prefix}{path} is a folder; give {what} in it, e.g. {file / example}")
+    if not file.parent.is_dir():
+        raise ValueError(f"{prefix}the folder {file.parent} of {path} does not exist; create it first")
+    return path
+
+
+def _storage_argument(text: str) -> str:
+    """``--tune-storage`` checked at parse time, so a typo fails before any fit."""
+    try:
+        return check_storage(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def storage(where: str | Path) -> Any:
-    """An optuna storage: a database URL (``scheme://...``), or else a journal file at that path."""
+    """An optuna storage: a database URL (``scheme://...``), or else a journal file at that path. A bad URL,
+    a missing driver or a database that cannot be opened is a ValueError in one line that names
+    ``--tune-storage``; a journal that cannot be opened is the OSError that names its path."""
     import optuna
 
-    if "://" in str(where):
-        return optuna.storages.RDBStorage(str(where))
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(where)))
+    text = check_storage(where)
+    if "://" not in text:
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(text))
+    from sqlalchemy import exc
+
+    try:
+        return optuna.storages.RDBStorage(text)
+    except exc.SQLAlchemyError as err:  # no server there, refused, not a database file, ...
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        raise ValueError(
+            f"--tune-storage {shown(text)}: cannot open the database ({reason}); check the URL (and that its "
+            "server runs)"
+        ) from None
 
 
 def maximise(
@@ -88,11 +179,17 @@ def maximise(
     startup_trials: int = 5,
     starts: Sequence[dict[str, Any]] = (),
     fixed: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Maximise ``objective(hyperparameters)`` over ``space`` (plus the ``fixed`` values) in ``trials``
     evaluations in all (the first ``startup_trials`` random); returns the best hyperparameters with
     ``value``, ``trials``, ``tuning_seconds`` and, if any, ``diverged_trials``. ``journal`` is the study's
     storage (see :func:`storage`); ``parallel`` trials are evaluated at once (threads of this process).
+
+    The study is ``study_name`` plus a digest of :func:`study_config` (``config`` is what else the
+    objective depends on, JSON: e.g. the data split, the folds, the jobs' seed); it resumes only a study of
+    exactly that config (see the module's docstring). ``parallel`` is not part of it: a study may be joined
+    by processes with other thread counts.
 
     An objective that raises FloatingPointError (a diverged fit) or returns a non-finite value is scored
     as the worst value seen so far: a failed trial would teach the GP nothing, and it would propose the
@@ -100,16 +197,20 @@ def maximise(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    first = [_to_params(hp, space) for hp in starts]
+    key = study_config(study_name, space, trials, seed, startup_trials, first, fixed, config)
+    name = f"{study_name}/{config_digest(key)}"
     study = optuna.create_study(
-        study_name=study_name,
+        study_name=name,
         storage=storage(journal),
         sampler=optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials),
         direction="maximize",
         load_if_exists=True,
     )
+    _check_config(study, key, journal)
     if not study.trials:
-        for hp in starts:
-            study.enqueue_trial(_to_params(hp, space))
+        for params in first:
+            study.enqueue_trial(params)
 
     def hyperparameters(params: dict[str, Any]) -> dict[str, Any]:
         hp = dict(fixed or {})
@@ -147,6 +248,61 @@ def maximise(
     if diverged:
         out["diverged_trials"] = diverged
     return out
+
+
+def study_config(
+    study_name: str,
+    space: Space,
+    trials: int,
+    seed: int,
+    startup_trials: int,
+    starts: Sequence[dict[str, Any]],
+    fixed: dict[str, Any] | None,
+    config: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Everything a study's result depends on, as JSON (``starts`` as the optuna parameters enqueued)."""
+    box = {
+        k: {"log_uniform": [d.low, d.high]} if isinstance(d, LogUniform) else {"choice": list(d.values)}
+        for k, d in space.items()
+    }
+    return {
+        "protocol": PROTOCOL,
+        "name": study_name,
+        "objective": config or {},
+        "space": box,
+        "fixed": fixed or {},
+        "trials": trials,
+        "seed": seed,
+        "startup_trials": startup_trials,
+        "starts": list(starts),
+    }
+
+
+def _canonical(config: dict[str, Any]) -> str:
+    try:
+        return json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"a tuning study's config must be finite JSON values ({err})") from None
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """The 16 hex digits of the SHA-256 of ``config``'s canonical JSON that end its study's name."""
+    return hashlib.sha256(_canonical(config).encode()).hexdigest()[:16]
+
+
+def _check_config(study: Any, config: dict[str, Any], where: str | Path) -> None:
+    """Record ``config`` in a new study; refuse a study that holds another config, or none but trials."""
+    recorded = study.user_attrs.get(CONFIG_ATTR)
+    if recorded is None and not study.trials:  # new (or made at this moment by a process beside us)
+        study.set_user_attr(CONFIG_ATTR, config)
+        return
+    if recorded is None or _canonical(recorded) != _canonical(config):
+        differ = sorted(k for k in config if not isinstance(recorded, dict) or recorded.get(k) != config[k])
+        raise ValueError(
+            f"the tuning study {study.study_name!r} in {shown(where)} was made with another config "
+            f"({', '.join(differ) or 'none recorded'} differ); use another --tune-storage, or delete that "
+            "study"
+        )
 
 
 def _to_params(hp: dict[str, Any], space: Space) -> dict[str, Any]:

@@ -188,7 +188,7 @@ class UCI(Experiment):
             cv_loglik,
             args.trials,
             args.tune_storage or run.out / "optuna-journal.log",
-            f"{args.folds}folds-{args.epochs}epochs",
+            {"split": 0, "folds": args.folds, "protocol": protocol, "seed": args.seed},
             seed=args.seed,
             parallel=args.tune_parallel,
             data_dir=args.data_dir,

@@ -81,20 +81,23 @@ def tune(
     cv_loglik: Callable[[dict[str, float]], float],
     trials: int,
     journal: str | Path,
-    objective_id: str,
+    objective: dict[str, Any],
     seed: int = 0,
     parallel: int = 1,
     data_dir: str | None = None,
     starts: Sequence[dict[str, float]] = (),
 ) -> dict[str, Any]:
     """Maximise ``cv_loglik(hyperparameters)``; returns λ, τ (and the dropout rate), ``cv_loglik`` and the
-    budget used. ``objective_id`` names the objective (folds, epochs)."""
+    budget used. ``objective`` is what else ``cv_loglik`` depends on (the split, folds, epochs, protocol and
+    the jobs' seed): with the data set, method, search box, budget and ``seed`` it keys the study, so a run
+    resumes only a study of the same config (:func:`ngvi.experiments.core.tuning.maximise`)."""
     best = maximise(
         cv_loglik,
         search_space(dataset, method, data_dir),
         trials,
         journal,
-        f"{dataset}/{method.name}/{objective_id}",
+        f"{dataset}/{method.name}",
+        config=objective,
         seed=seed,
         parallel=parallel,
         startup_trials=STARTUP_TRIALS,

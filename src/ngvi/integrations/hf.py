@@ -230,8 +230,11 @@ def is_causal_lm(model: nn.Module) -> bool:
 
 def next_token_labels(input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     """The labels of a causal LM's output positions, [B, T]: position t predicts token t+1; the last
-    position, and positions whose next token is padding, are −100 (for :func:`ngvi.evaluate_classifier`)."""
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    position, and positions whose next token is padding, are −100 (for :func:`ngvi.evaluate_classifier`).
+    The labels are int64 whatever the ids' integer dtype (−100 does not fit uint8: it would wrap to 156)."""
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be token ids (an integer tensor), got {input_ids.dtype}")
+    labels = torch.full(input_ids.shape, IGNORE_INDEX, dtype=torch.int64, device=input_ids.device)
     labels[:, :-1] = input_ids[:, 1:]
     if attention_mask is not None:
         labels[:, :-1][attention_mask[:, 1:] == 0] = IGNORE_INDEX

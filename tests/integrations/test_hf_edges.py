@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
+
+import ngvi
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from test_hf import CHARS, SEQS
+from test_hf import CHARS, SEQS, arguments
 
-from ngvi.integrations.hf import next_token_labels
+from ngvi.baselines import BBVI, MAP, MCDropout
+from ngvi.integrations.hf import VariationalTrainer, next_token_labels
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 
@@ -28,3 +33,70 @@ def test_next_token_labels_are_int64_whatever_the_ids_dtype(dtype):
     assert y[1].tolist() == [*ids[1, 1:4].long().tolist(), -100, -100, -100]
     with pytest.raises(TypeError, match=r"must be token ids \(an integer tensor\), got torch.float32"):
         next_token_labels(ids.float())
+
+
+# -- a tiny classifier whose forward returns the Trainer's dict (loss, logits) -------------------------------
+M = 32
+X = torch.randn(M, 3, generator=torch.Generator().manual_seed(1))
+Y = (X.sum(1) > 0).long()
+
+
+class Net(nn.Module):
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Dropout(dropout), nn.Linear(8, 2))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.body(x)
+        return {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+
+class Points(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return M
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": X[i], "labels": Y[i]}
+
+
+def test_the_trainer_builds_bbvi_and_mc_dropout_from_the_model(tmp_path):
+    # BBVI (hooks the Linear layers: the local reparameterisation) is, bit for bit, its plain loop
+    model = Net()
+    tr = VariationalTrainer(
+        model=model,
+        args=arguments(tmp_path, max_steps=3),
+        train_dataset=Points(),
+        optimizer_cls_and_kwargs=(BBVI, {"data_size": M, "lr": 0.01, "seed": 0}),
+    )
+    tr.train()
+    opt = tr.ngvi_optimizer
+    assert isinstance(opt, BBVI) and opt.num_steps == 3 and not opt.in_sample
+    twin_model = Net()
+    twin = BBVI(twin_model, M, lr=0.01, seed=0)
+    for k in range(3):
+        with twin.sampled_params(train=True):
+            twin.zero_grad()
+            twin_model(X[8 * k : 8 * k + 8], Y[8 * k : 8 * k + 8])["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(twin_model.parameters(), 0.5)
+        twin.step()
+    for p, q in zip(model.parameters(), twin_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    for a, b in zip(opt.posterior().variance, twin.posterior().variance, strict=True):
+        assert torch.equal(a, b)
+    # MC dropout takes the model (its dropout modules); MAP takes its trainable parameters
+    for cls, net in [(MCDropout, Net(dropout=0.2)), (MAP, Net())]:
+        start = [p.detach().clone() for p in net.parameters()]
+        tr = VariationalTrainer(
+            model=net,
+            args=arguments(tmp_path, max_steps=2),
+            train_dataset=Points(),
+            optimizer_cls_and_kwargs=(cls, {"data_size": M, "lr": 0.01}),
+        )
+        tr.train()
+        opt = tr.ngvi_optimizer
+        assert type(opt) is cls and not opt.in_sample
+        assert all(int(st["step"]) == 2 for st in opt.state.values()) and len(opt.state) == 4
+        assert all(not torch.equal(p, q) for p, q in zip(net.parameters(), start, strict=True))
+    assert BBVI.builds_from_model() and MCDropout.builds_from_model() and not MAP.builds_from_model()
+    assert not ngvi.IVON.builds_from_model() and ngvi.VOGN.builds_from_model()

@@ -88,6 +88,12 @@ class BBVI(VariationalOptimizer):
 
     curvatures = ("log_std_grad",)  # ∂f/∂log σ travels in the engine's ĥ slot (see LogStdGradient)
 
+    @classmethod
+    def builds_from_model(cls, **options: Any) -> bool:
+        """True: BBVI takes the model (to hook its Linear layers), though not ``takes_model``'s one hooked
+        group of every parameter (it holds the trainable ones only), so a framework passes the model."""
+        return True
+
     def __init__(
         self,
         model: nn.Module,

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import Trainer, TrainerCallback
 
+from ..baselines.map import MAP
 from ..optim.base import VariationalOptimizer
 from ..optim.ivon import IVON
 from ..optim.protocol import unwrap
@@ -175,11 +176,10 @@ class VariationalTrainer(Trainer):
 
     def create_optimizer(self, model: nn.Module | None = None):
         cls, kwargs = self.optimizer_cls_and_kwargs or (None, None)
-        ngvi_cls = isinstance(cls, type) and issubclass(cls, VariationalOptimizer)
-        if self.optimizer is not None or not ngvi_cls:
+        if self.optimizer is not None or not is_ngvi_trainer(cls):
             return super().create_optimizer(model)
         model = self.model if model is None else model
-        kwargs = prior_kwargs(cls, kwargs, self.args.weight_decay)
+        kwargs = prior_kwargs(cls, kwargs or {}, self.args.weight_decay)
         trainable = [p for p in model.parameters() if p.requires_grad]
         params = model if cls.builds_from_model(**kwargs) else trainable
         self.optimizer = cls(params, **kwargs)
@@ -217,6 +217,12 @@ class VariationalTrainer(Trainer):
         if self.causal_lm and log_probs.dim() == 3:
             log_probs, labels = log_probs[:, :-1], labels[:, 1:]
         return F.nll_loss(log_probs.flatten(0, -2), labels.flatten().long(), ignore_index=IGNORE_INDEX)
+
+
+def is_ngvi_trainer(cls: Any) -> bool:
+    """True for an ngvi optimizer class or a baseline (MAP, MCDropout) that :class:`VariationalTrainer`
+    builds itself, passing the model where ``cls.builds_from_model(**kwargs)`` says it takes one."""
+    return isinstance(cls, type) and issubclass(cls, VariationalOptimizer | MAP)
 
 
 def is_causal_lm(model: nn.Module) -> bool:

@@ -14,10 +14,11 @@ import ngvi
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from test_hf import CHARS, SEQS, arguments
+from test_hf import CHARS, SEQS, Data, arguments, gpt2, ivon
+from transformers import Trainer
 
 from ngvi.baselines import BBVI, MAP, MCDropout
-from ngvi.integrations.hf import VariationalTrainer, next_token_labels
+from ngvi.integrations.hf import NGVICallback, VariationalTrainer, next_token_labels
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 
@@ -100,3 +101,34 @@ def test_the_trainer_builds_bbvi_and_mc_dropout_from_the_model(tmp_path):
         assert all(not torch.equal(p, q) for p, q in zip(net.parameters(), start, strict=True))
     assert BBVI.builds_from_model() and MCDropout.builds_from_model() and not MAP.builds_from_model()
     assert not ngvi.IVON.builds_from_model() and ngvi.VOGN.builds_from_model()
+
+
+def test_a_second_ngvi_callback_is_refused_at_train(tmp_path):
+    def fresh(trainer=VariationalTrainer, callbacks=None):
+        model = gpt2()
+        opt = ivon(model)
+        args = arguments(tmp_path, max_steps=1)
+        return trainer(
+            model=model, args=args, train_dataset=Data(), optimizers=(opt, None), callbacks=callbacks
+        )
+
+    tr = fresh(callbacks=[NGVICallback()])
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    with pytest.raises(ValueError, match=r"own NGVICallback, and 1 more was given .* pass no NGVICallback"):
+        tr.train()
+    assert tr.ngvi_callback._opt is None  # refused before the run began: nothing sampled, nothing stepped
+    assert all(torch.equal(p, q) for p, q in zip(tr.model.parameters(), before, strict=True))
+    tr.pop_callback(NGVICallback)  # the given one (it comes first): the trainer's own is left, and it runs
+    tr.train()
+    assert tr.ngvi_optimizer.num_steps == 1
+    tr.remove_callback(tr.ngvi_callback)
+    with pytest.raises(ValueError, match=r"add it back with trainer.add_callback\(trainer.ngvi_callback\)"):
+        tr.train()
+    # a stock Trainer given two
+    stock = fresh(Trainer, callbacks=[NGVICallback(), NGVICallback()])
+    with pytest.raises(ValueError, match=r"this Trainer has two NGVICallbacks, .*: keep one"):
+        stock.train()
+    assert not ngvi.unwrap(stock.optimizer).in_sample and ngvi.unwrap(stock.optimizer).num_steps == 0
+    stock.pop_callback(NGVICallback)
+    stock.train()  # one left: the mark of the failed run is gone with its TrainerState
+    assert ngvi.unwrap(stock.optimizer).num_steps == 1

@@ -87,6 +87,15 @@ class NGVICallback(TrainerCallback):
         self._opt: Any = None
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        # Two callbacks would both open a sample at each step and fail there; the TrainerState is new at
+        # every train(), so a mark on it finds a second callback of this run (and no stale one).
+        owner = getattr(state, "_ngvi_callback", None)
+        if owner is not None and owner is not self:
+            raise ValueError(
+                "this Trainer has two NGVICallbacks, and each would open a posterior sample at every step: "
+                "keep one (a VariationalTrainer has its own built in: pass it no NGVICallback)"
+            )
+        state._ngvi_callback = self
         opt = self._opt = sampling_optimizer(optimizer)
         self.close()  # a sample left open by an error in an earlier train()
         check_training(opt, args.gradient_accumulation_steps)
@@ -186,6 +195,19 @@ class VariationalTrainer(Trainer):
         return self.optimizer
 
     def train(self, *args: Any, **kwargs: Any):
+        callbacks = self.callback_handler.callbacks
+        extra = [cb for cb in callbacks if isinstance(cb, NGVICallback) and cb is not self.ngvi_callback]
+        if extra:
+            raise ValueError(
+                f"VariationalTrainer opens its posterior samples with its own NGVICallback, and {len(extra)} "
+                "more was given (callbacks= or add_callback), which would open a second sample at every "
+                "step: pass no NGVICallback to a VariationalTrainer (it is for a stock Trainer)"
+            )
+        if not any(cb is self.ngvi_callback for cb in callbacks):
+            raise ValueError(
+                "VariationalTrainer's NGVICallback was removed, so no posterior sample would be drawn: "
+                "add it back with trainer.add_callback(trainer.ngvi_callback)"
+            )
         try:
             return super().train(*args, **kwargs)
         except BaseException:

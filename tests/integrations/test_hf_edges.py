@@ -14,7 +14,7 @@ import ngvi
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from test_hf import CHARS, SEQS, Data, arguments, gpt2, ivon
+from test_hf import CHARS, SEQS, Data, N, arguments, gpt2, ivon
 from transformers import Trainer
 
 from ngvi.baselines import BBVI, MAP, MCDropout
@@ -132,3 +132,51 @@ def test_a_second_ngvi_callback_is_refused_at_train(tmp_path):
     stock.pop_callback(NGVICallback)
     stock.train()  # one left: the mark of the failed run is gone with its TrainerState
     assert ngvi.unwrap(stock.optimizer).num_steps == 1
+
+
+def test_weight_decay_with_a_given_optimizer_is_carried_or_refused_as_with_a_class(tmp_path):
+    def run(trainer, make, weight_decay):
+        model = gpt2()
+        opt = make(model)
+        extra = {"callbacks": [NGVICallback()]} if trainer is Trainer else {}
+        args = arguments(tmp_path, max_steps=1, weight_decay=weight_decay)
+        tr = trainer(model=model, args=args, train_dataset=Data(), optimizers=(opt, None), **extra)
+        tr.train()
+        return opt
+
+    vadam = lambda m: ngvi.Vadam(m.parameters(), N, seed=0)  # noqa: E731
+    map_ = lambda m: MAP(m.parameters(), N)  # noqa: E731
+    for trainer in (VariationalTrainer, Trainer):
+        for make, match in [
+            (
+                ivon,
+                r"=0.1\) would be dropped: .* given IVON .* weight_decay \[0.0001\]; build it",
+            ),
+            (vadam, r"weight_decay=0.1\) has no meaning for Vadam: its prior is prior_prec="),
+            (map_, r"weight_decay=0.1\) has no meaning for MAP: its prior is prior_prec="),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                run(trainer, make, 0.1)
+        # the prior IVON was built with is the Trainer's: it is carried
+        opt = run(trainer, lambda m: ivon(m, weight_decay=0.1), 0.1)
+        assert opt.num_steps == 1 and opt.param_groups[0]["weight_decay"] == 0.1
+        assert run(trainer, vadam, 0.0).num_steps == 1  # 0.0, the default, asks for nothing
+    # nothing stepped or sampled when refused
+    model = gpt2()
+    opt = ivon(model)
+    args = arguments(tmp_path, max_steps=1, weight_decay=0.1)
+    tr = VariationalTrainer(model=model, args=args, train_dataset=Data(), optimizers=(opt, None))
+    with pytest.raises(ValueError, match="would be dropped"):
+        tr.train()
+    assert opt.num_steps == 0 and not opt.in_sample
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), gpt2().parameters(), strict=True))
+    # a stock Trainer's own groups carry it (and NGVICallback warns that they replaced IVON's prior)
+    stock = Trainer(
+        model=gpt2(),
+        args=args,
+        train_dataset=Data(),
+        optimizer_cls_and_kwargs=(ngvi.IVON, {"data_size": N}),
+        callbacks=[NGVICallback()],
+    )
+    with pytest.warns(UserWarning, match=r"IVON's parameter groups \[0, 1\] carry weight_decay \[0.0, 0.1\]"):
+        stock.train()

@@ -21,7 +21,10 @@ it would replace an ngvi optimizer's prior without a word. :class:`VariationalTr
 the trainable parameters instead and maps a nonzero value by rule (:func:`prior_kwargs`): IVON's
 ``weight_decay`` is δ = λ/N, the prior, so it becomes that (unless the optimizer's kwargs set one too: then
 it refuses); every other rule has ``prior_prec=`` and refuses it. 0.0 (the default) changes nothing.
-:class:`NGVICallback` warns when a stock Trainer's groups overrode IVON's ``weight_decay``.
+A given optimizer (``optimizers=(ngvi.X(...), None)``) is built already, with its own prior, and the
+Trainer leaves it as it is: :class:`NGVICallback` refuses a nonzero value at ``train()`` unless IVON's
+groups carry it (so neither path drops it), and warns when a stock Trainer's groups overrode IVON's
+``weight_decay``.
 
 **Errors.** :class:`VariationalTrainer` restores μ (and drops the sample, rolling its noise back) when
 anything in ``train()`` raises, so the trainer and the optimizer stay usable. A stock Trainer has no hook for
@@ -99,6 +102,7 @@ class NGVICallback(TrainerCallback):
         opt = self._opt = sampling_optimizer(optimizer)
         self.close()  # a sample left open by an error in an earlier train()
         check_training(opt, args.gradient_accumulation_steps)
+        check_weight_decay(opt, args.weight_decay)
         _warn_overridden_prior(opt)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -132,16 +136,38 @@ def _warn_overridden_prior(opt: Any) -> None:
         )
 
 
+def _refuse_weight_decay(name: str, weight_decay: float) -> None:
+    raise ValueError(
+        f"TrainingArguments(weight_decay={weight_decay}) has no meaning for {name}: its prior is "
+        "prior_prec= in the optimizer kwargs; set weight_decay=0.0"
+    )
+
+
+def check_weight_decay(opt: Any, weight_decay: float) -> None:
+    """Refuse a nonzero ``TrainingArguments.weight_decay`` that the optimizer's groups do not carry: the
+    Trainer leaves a given optimizer (``optimizers=(opt, None)``) as it is, so it would be dropped. IVON
+    carries it where :func:`prior_kwargs` mapped it (or the Trainer's own groups hold it); every other rule
+    refuses it, as :func:`prior_kwargs` does."""
+    if not weight_decay:
+        return
+    if not isinstance(opt, IVON):
+        _refuse_weight_decay(type(opt).__name__, weight_decay)
+    if all(g["weight_decay"] != weight_decay for g in opt.param_groups):
+        own = sorted({g["weight_decay"] for g in opt.param_groups})
+        raise ValueError(
+            f"TrainingArguments(weight_decay={weight_decay}) would be dropped: the Trainer leaves the given "
+            f"{type(opt).__name__} as it is, with its own prior weight_decay {own}; build it with "
+            f"weight_decay={weight_decay}, or set TrainingArguments(weight_decay=0.0) to keep its own"
+        )
+
+
 def prior_kwargs(optimizer_cls: type, kwargs: dict[str, Any], weight_decay: float) -> dict[str, Any]:
     """The optimizer kwargs with ``TrainingArguments.weight_decay`` mapped by rule (module docstring)."""
     if not weight_decay:
         return dict(kwargs)
     name = optimizer_cls.__name__
     if not issubclass(optimizer_cls, IVON):
-        raise ValueError(
-            f"TrainingArguments(weight_decay={weight_decay}) has no meaning for {name}: its prior is "
-            "prior_prec= in the optimizer kwargs; set weight_decay=0.0"
-        )
+        _refuse_weight_decay(name, weight_decay)
     if kwargs.get("weight_decay") is not None or kwargs.get("prior_prec") is not None:
         raise ValueError(
             f"TrainingArguments(weight_decay={weight_decay}) and IVON's own weight_decay/prior_prec both set "

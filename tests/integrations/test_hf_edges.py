@@ -180,3 +180,38 @@ def test_weight_decay_with_a_given_optimizer_is_carried_or_refused_as_with_a_cla
     )
     with pytest.warns(UserWarning, match=r"IVON's parameter groups \[0, 1\] carry weight_decay \[0.0, 0.1\]"):
         stock.train()
+
+
+def test_a_resume_whose_hyperparameters_differ_from_the_checkpoints_is_refused_naming_each(tmp_path):
+    save = dict(save_strategy="steps", save_steps=2, save_only_model=False, lr_scheduler_type="linear")
+    kwargs = {"data_size": 16, "lr": 0.05, "seed": 0}
+
+    def trainer(max_steps, **given):
+        args = arguments(tmp_path, max_steps=max_steps, **save)
+        ivon_kwargs = (ngvi.IVON, {**kwargs, **given})
+        return VariationalTrainer(
+            model=gpt2(), args=args, train_dataset=Data(), optimizer_cls_and_kwargs=ivon_kwargs
+        )
+
+    trainer(2).train()
+    checkpoint = str(tmp_path / "out" / "checkpoint-2")
+    message = (
+        r"checkpoint-2': the checkpoint's IVON hyperparameters would replace the given ones "
+        r"\(data_size given 1000, checkpoint 16\); pass the checkpoint's values to resume, or start a new run"
+    )
+    with pytest.raises(ValueError, match=message):
+        trainer(4, data_size=1000).train(resume_from_checkpoint=checkpoint)
+    each = r"\(hess_init given 0.5, checkpoint 1.0; lr given 0.1, checkpoint 0.05\)"
+    with pytest.raises(ValueError, match=each):
+        trainer(4, lr=0.1, hess_init=0.5).train(resume_from_checkpoint=checkpoint)
+    # a given optimizer too
+    model = gpt2()
+    opt = ngvi.IVON(model.parameters(), 1000, lr=0.05, seed=0)
+    args = arguments(tmp_path, max_steps=4, **save)
+    tr = VariationalTrainer(model=model, args=args, train_dataset=Data(), optimizers=(opt, None))
+    with pytest.raises(ValueError, match=r"data_size given 1000, checkpoint 16"):
+        tr.train(resume_from_checkpoint=checkpoint)
+    # the same hyperparameters resume (the scheduled lr of step 2 is the scheduler's, not a difference)
+    tr = trainer(4)
+    tr.train(resume_from_checkpoint=checkpoint)
+    assert tr.ngvi_optimizer.num_steps == 4 and tr.ngvi_optimizer.param_groups[0]["data_size"] == 16

@@ -26,6 +26,14 @@ Trainer leaves it as it is: :class:`NGVICallback` refuses a nonzero value at ``t
 groups carry it (so neither path drops it), and warns when a stock Trainer's groups overrode IVON's
 ``weight_decay``.
 
+**Resuming** (``train(resume_from_checkpoint=...)``): loading the optimizer's state replaces every
+group's hyperparameters with the checkpoint's, as torch's ``load_state_dict`` does, so a changed
+``data_size`` (or any other) would be dropped without a word. :class:`VariationalTrainer` refuses a resume
+whose given hyperparameters differ from the checkpoint's, naming each: resume with the checkpoint's values,
+or start a new run. (Refused rather than warned: a warning in the Trainer's log would still train on
+values nobody asked for.) A stock Trainer has no hook between building and loading the optimizer, so
+only :class:`VariationalTrainer` checks.
+
 **Errors.** :class:`VariationalTrainer` restores μ (and drops the sample, rolling its noise back) when
 anything in ``train()`` raises, so the trainer and the optimizer stay usable. A stock Trainer has no hook for
 that: :class:`NGVICallback` drops a sample left open by an error at the next ``on_train_begin``, and
@@ -220,6 +228,15 @@ class VariationalTrainer(Trainer):
         self.optimizer = cls(params, **kwargs)
         return self.optimizer
 
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        # torch's load_state_dict replaces every group's hyperparameters with the checkpoint's: refuse a
+        # resume whose given ones differ, rather than train on with values nobody asked for
+        opt = None if self.optimizer is None or checkpoint is None else sampling_optimizer(self.optimizer)
+        given = None if opt is None else group_settings(opt)
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if opt is not None:
+            check_resumed_settings(type(opt).__name__, given, group_settings(opt), checkpoint)
+
     def train(self, *args: Any, **kwargs: Any):
         callbacks = self.callback_handler.callbacks
         extra = [cb for cb in callbacks if isinstance(cb, NGVICallback) and cb is not self.ngvi_callback]
@@ -265,6 +282,43 @@ class VariationalTrainer(Trainer):
         if self.causal_lm and log_probs.dim() == 3:
             log_probs, labels = log_probs[:, :-1], labels[:, 1:]
         return F.nll_loss(log_probs.flatten(0, -2), labels.flatten().long(), ignore_index=IGNORE_INDEX)
+
+
+def group_settings(opt: Any) -> list[dict[str, Any]]:
+    """Each parameter group's hyperparameters (all but its parameters)."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+
+def check_resumed_settings(
+    name: str, given: list[dict[str, Any]], loaded: list[dict[str, Any]], checkpoint: str
+) -> None:
+    """Refuse a resume whose given hyperparameters differ from the checkpoint's, naming each (module
+    docstring). ``lr`` is the scheduler's (its base, ``initial_lr``, is compared) where a scheduler runs."""
+    absent = "(absent)"
+    diffs = []
+    for i, (a, b) in enumerate(zip(given, loaded, strict=False)):
+        for key in sorted(a.keys() | b.keys()):
+            if key == "lr" and "initial_lr" in a and "initial_lr" in b:
+                continue
+            x, y = a.get(key, absent), b.get(key, absent)
+            if not _same(x, y):
+                where = f"group {i} " if len(given) > 1 else ""
+                label = "lr" if key == "initial_lr" else key  # the lr the user gave
+                diffs.append(f"{where}{label} given {x!r}, checkpoint {y!r}")
+    if diffs:
+        raise ValueError(
+            f"resume_from_checkpoint={checkpoint!r}: the checkpoint's {name} hyperparameters would replace "
+            f"the given ones ({'; '.join(diffs)}); pass the checkpoint's values to resume, or start a new "
+            "run (no resume_from_checkpoint) to train with the new ones"
+        )
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, Tensor) or isinstance(y, Tensor):
+        return isinstance(x, Tensor) and isinstance(y, Tensor) and torch.equal(x.cpu(), y.cpu())
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):  # betas may come back as a list
+        return len(x) == len(y) and all(_same(u, v) for u, v in zip(x, y, strict=True))
+    return bool(x == y)
 
 
 def is_ngvi_trainer(cls: Any) -> bool:

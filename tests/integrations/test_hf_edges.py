@@ -4,12 +4,15 @@ next_token_labels' dtype. The tiny GPT-2 and its data are test_hf.py's."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 import ngvi
+import ngvi.baselines
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -99,8 +102,13 @@ def test_the_trainer_builds_bbvi_and_mc_dropout_from_the_model(tmp_path):
         assert type(opt) is cls and not opt.in_sample
         assert all(int(st["step"]) == 2 for st in opt.state.values()) and len(opt.state) == 4
         assert all(not torch.equal(p, q) for p, q in zip(net.parameters(), start, strict=True))
-    assert BBVI.builds_from_model() and MCDropout.builds_from_model() and not MAP.builds_from_model()
-    assert not ngvi.IVON.builds_from_model() and ngvi.VOGN.builds_from_model()
+    # every exported trainer whose first argument is the model says so (what the Trainer passes it)
+    trainers = {getattr(m, n) for m in (ngvi, ngvi.baselines) for n in m.__all__}
+    trainers = {c for c in trainers if isinstance(c, type) and hasattr(c, "builds_from_model")}
+    assert {BBVI, MCDropout, MAP, ngvi.VOGN, ngvi.IVON, ngvi.baselines.KFAC} <= trainers
+    for cls in trainers:
+        first = list(inspect.signature(cls.__init__).parameters)[1]
+        assert cls.builds_from_model() == (first == "model"), cls
 
 
 def test_a_second_ngvi_callback_is_refused_at_train(tmp_path):

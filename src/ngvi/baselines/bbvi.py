@@ -90,8 +90,9 @@ class BBVI(VariationalOptimizer):
 
     @classmethod
     def builds_from_model(cls, **options: Any) -> bool:
-        """True: BBVI takes the model (to hook its Linear layers), though not ``takes_model``'s one hooked
-        group of every parameter (it holds the trainable ones only), so a framework passes the model."""
+        """True: BBVI takes the model (it hooks its Linear layers). ``takes_model`` stays False: to the engine
+        and the Hugging Face Trainer it means a curvature estimator that hooks the model for per-example
+        statistics (one backward pass per sample), which BBVI's ∂f/∂log σ is not."""
         return True
 
     def __init__(

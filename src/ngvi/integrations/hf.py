@@ -241,10 +241,11 @@ class VariationalTrainer(Trainer):
         callbacks = self.callback_handler.callbacks
         extra = [cb for cb in callbacks if isinstance(cb, NGVICallback) and cb is not self.ngvi_callback]
         if extra:
+            more = f"{len(extra)} more {'was' if len(extra) == 1 else 'were'} given"
             raise ValueError(
-                f"VariationalTrainer opens its posterior samples with its own NGVICallback, and {len(extra)} "
-                "more was given (callbacks= or add_callback), which would open a second sample at every "
-                "step: pass no NGVICallback to a VariationalTrainer (it is for a stock Trainer)"
+                f"VariationalTrainer opens its posterior samples with its own NGVICallback, and {more} "
+                "(callbacks= or add_callback), which would open a second sample at every step: pass no "
+                "NGVICallback to a VariationalTrainer (it is for a stock Trainer)"
             )
         if not any(cb is self.ngvi_callback for cb in callbacks):
             raise ValueError(

@@ -88,6 +88,13 @@ class BBVI(VariationalOptimizer):
 
     curvatures = ("log_std_grad",)  # ∂f/∂log σ travels in the engine's ĥ slot (see LogStdGradient)
 
+    @classmethod
+    def builds_from_model(cls, **options: Any) -> bool:
+        """True: BBVI takes the model (it hooks its Linear layers). ``takes_model`` stays False: to the engine
+        and the Hugging Face Trainer it means a curvature estimator that hooks the model for per-example
+        statistics (one backward pass per sample), which BBVI's ∂f/∂log σ is not."""
+        return True
+
     def __init__(
         self,
         model: nn.Module,

@@ -50,6 +50,12 @@ class MAP(torch.optim.Adam):
     #: every posterior sample is the same network (ngvi.evaluate_classifier then makes one pass)
     deterministic = True
 
+    @classmethod
+    def builds_from_model(cls, **options: Any) -> bool:
+        """Whether ``cls(..., **options)`` takes the model rather than its parameters (as
+        :meth:`ngvi.VariationalOptimizer.builds_from_model`): False, MAP takes either."""
+        return False
+
     def __init__(
         self,
         params: nn.Module | Any,

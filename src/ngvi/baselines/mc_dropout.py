@@ -75,6 +75,11 @@ class MCDropout(MAP):
     dropout_masks = True
     deterministic = False
 
+    @classmethod
+    def builds_from_model(cls, **options: Any) -> bool:
+        """True: MC dropout takes the model, to find its dropout modules."""
+        return True
+
     def __init__(
         self,
         model: nn.Module,

@@ -21,7 +21,18 @@ it would replace an ngvi optimizer's prior without a word. :class:`VariationalTr
 the trainable parameters instead and maps a nonzero value by rule (:func:`prior_kwargs`): IVON's
 ``weight_decay`` is δ = λ/N, the prior, so it becomes that (unless the optimizer's kwargs set one too: then
 it refuses); every other rule has ``prior_prec=`` and refuses it. 0.0 (the default) changes nothing.
-:class:`NGVICallback` warns when a stock Trainer's groups overrode IVON's ``weight_decay``.
+A given optimizer (``optimizers=(ngvi.X(...), None)``) is built already, with its own prior, and the
+Trainer leaves it as it is: :class:`NGVICallback` refuses a nonzero value at ``train()`` unless IVON's
+groups carry it (so neither path drops it), and warns when a stock Trainer's groups overrode IVON's
+``weight_decay``.
+
+**Resuming** (``train(resume_from_checkpoint=...)``): loading the optimizer's state replaces every
+group's hyperparameters with the checkpoint's, as torch's ``load_state_dict`` does, so a changed
+``data_size`` (or any other) would be dropped without a word. :class:`VariationalTrainer` refuses a resume
+whose given hyperparameters differ from the checkpoint's, naming each: resume with the checkpoint's values,
+or start a new run. (Refused rather than warned: a warning in the Trainer's log would still train on
+values nobody asked for.) A stock Trainer has no hook between building and loading the optimizer, so
+only :class:`VariationalTrainer` checks.
 
 **Errors.** :class:`VariationalTrainer` restores μ (and drops the sample, rolling its noise back) when
 anything in ``train()`` raises, so the trainer and the optimizer stay usable. A stock Trainer has no hook for
@@ -40,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import Trainer, TrainerCallback
 
+from ..baselines.map import MAP
 from ..optim.base import VariationalOptimizer
 from ..optim.ivon import IVON
 from ..optim.protocol import unwrap
@@ -86,9 +98,19 @@ class NGVICallback(TrainerCallback):
         self._opt: Any = None
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        # Two callbacks would both open a sample at each step and fail there; the TrainerState is new at
+        # every train(), so a mark on it finds a second callback of this run (and no stale one).
+        owner = getattr(state, "_ngvi_callback", None)
+        if owner is not None and owner is not self:
+            raise ValueError(
+                "this Trainer has two NGVICallbacks, and each would open a posterior sample at every step: "
+                "keep one (a VariationalTrainer has its own built in: pass it no NGVICallback)"
+            )
+        state._ngvi_callback = self
         opt = self._opt = sampling_optimizer(optimizer)
         self.close()  # a sample left open by an error in an earlier train()
         check_training(opt, args.gradient_accumulation_steps)
+        check_weight_decay(opt, args.weight_decay)
         _warn_overridden_prior(opt)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -122,16 +144,38 @@ def _warn_overridden_prior(opt: Any) -> None:
         )
 
 
+def _refuse_weight_decay(name: str, weight_decay: float) -> None:
+    raise ValueError(
+        f"TrainingArguments(weight_decay={weight_decay}) has no meaning for {name}: its prior is "
+        "prior_prec= in the optimizer kwargs; set weight_decay=0.0"
+    )
+
+
+def check_weight_decay(opt: Any, weight_decay: float) -> None:
+    """Refuse a nonzero ``TrainingArguments.weight_decay`` that the optimizer's groups do not carry: the
+    Trainer leaves a given optimizer (``optimizers=(opt, None)``) as it is, so it would be dropped. IVON
+    carries it where :func:`prior_kwargs` mapped it (or the Trainer's own groups hold it); every other rule
+    refuses it, as :func:`prior_kwargs` does."""
+    if not weight_decay:
+        return
+    if not isinstance(opt, IVON):
+        _refuse_weight_decay(type(opt).__name__, weight_decay)
+    if all(g["weight_decay"] != weight_decay for g in opt.param_groups):
+        own = sorted({g["weight_decay"] for g in opt.param_groups})
+        raise ValueError(
+            f"TrainingArguments(weight_decay={weight_decay}) would be dropped: the Trainer leaves the given "
+            f"{type(opt).__name__} as it is, with its own prior weight_decay {own}; build it with "
+            f"weight_decay={weight_decay}, or set TrainingArguments(weight_decay=0.0) to keep its own"
+        )
+
+
 def prior_kwargs(optimizer_cls: type, kwargs: dict[str, Any], weight_decay: float) -> dict[str, Any]:
     """The optimizer kwargs with ``TrainingArguments.weight_decay`` mapped by rule (module docstring)."""
     if not weight_decay:
         return dict(kwargs)
     name = optimizer_cls.__name__
     if not issubclass(optimizer_cls, IVON):
-        raise ValueError(
-            f"TrainingArguments(weight_decay={weight_decay}) has no meaning for {name}: its prior is "
-            "prior_prec= in the optimizer kwargs; set weight_decay=0.0"
-        )
+        _refuse_weight_decay(name, weight_decay)
     if kwargs.get("weight_decay") is not None or kwargs.get("prior_prec") is not None:
         raise ValueError(
             f"TrainingArguments(weight_decay={weight_decay}) and IVON's own weight_decay/prior_prec both set "
@@ -175,17 +219,39 @@ class VariationalTrainer(Trainer):
 
     def create_optimizer(self, model: nn.Module | None = None):
         cls, kwargs = self.optimizer_cls_and_kwargs or (None, None)
-        ngvi_cls = isinstance(cls, type) and issubclass(cls, VariationalOptimizer)
-        if self.optimizer is not None or not ngvi_cls:
+        if self.optimizer is not None or not is_ngvi_trainer(cls):
             return super().create_optimizer(model)
         model = self.model if model is None else model
-        kwargs = prior_kwargs(cls, kwargs, self.args.weight_decay)
+        kwargs = prior_kwargs(cls, kwargs or {}, self.args.weight_decay)
         trainable = [p for p in model.parameters() if p.requires_grad]
         params = model if cls.builds_from_model(**kwargs) else trainable
         self.optimizer = cls(params, **kwargs)
         return self.optimizer
 
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        # torch's load_state_dict replaces every group's hyperparameters with the checkpoint's: refuse a
+        # resume whose given ones differ, rather than train on with values nobody asked for
+        opt = None if self.optimizer is None or checkpoint is None else sampling_optimizer(self.optimizer)
+        given = None if opt is None else group_settings(opt)
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if opt is not None:
+            check_resumed_settings(type(opt).__name__, given, group_settings(opt), checkpoint)
+
     def train(self, *args: Any, **kwargs: Any):
+        callbacks = self.callback_handler.callbacks
+        extra = [cb for cb in callbacks if isinstance(cb, NGVICallback) and cb is not self.ngvi_callback]
+        if extra:
+            more = f"{len(extra)} more {'was' if len(extra) == 1 else 'were'} given"
+            raise ValueError(
+                f"VariationalTrainer opens its posterior samples with its own NGVICallback, and {more} "
+                "(callbacks= or add_callback), which would open a second sample at every step: pass no "
+                "NGVICallback to a VariationalTrainer (it is for a stock Trainer)"
+            )
+        if not any(cb is self.ngvi_callback for cb in callbacks):
+            raise ValueError(
+                "VariationalTrainer's NGVICallback was removed, so no posterior sample would be drawn: "
+                "add it back with trainer.add_callback(trainer.ngvi_callback)"
+            )
         try:
             return super().train(*args, **kwargs)
         except BaseException:
@@ -219,6 +285,49 @@ class VariationalTrainer(Trainer):
         return F.nll_loss(log_probs.flatten(0, -2), labels.flatten().long(), ignore_index=IGNORE_INDEX)
 
 
+def group_settings(opt: Any) -> list[dict[str, Any]]:
+    """Each parameter group's hyperparameters (all but its parameters)."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+
+def check_resumed_settings(
+    name: str, given: list[dict[str, Any]], loaded: list[dict[str, Any]], checkpoint: str
+) -> None:
+    """Refuse a resume whose given hyperparameters differ from the checkpoint's, naming each (module
+    docstring). ``lr`` is the scheduler's (its base, ``initial_lr``, is compared) where a scheduler runs."""
+    absent = "(absent)"
+    diffs = []
+    for i, (a, b) in enumerate(zip(given, loaded, strict=False)):
+        for key in sorted(a.keys() | b.keys()):
+            if key == "lr" and "initial_lr" in a and "initial_lr" in b:
+                continue
+            x, y = a.get(key, absent), b.get(key, absent)
+            if not _same(x, y):
+                where = f"group {i} " if len(given) > 1 else ""
+                label = "lr" if key == "initial_lr" else key  # the lr the user gave
+                diffs.append(f"{where}{label} given {x!r}, checkpoint {y!r}")
+    if diffs:
+        raise ValueError(
+            f"resume_from_checkpoint={checkpoint!r}: the checkpoint's {name} hyperparameters would replace "
+            f"the given ones ({'; '.join(diffs)}); pass the checkpoint's values to resume, or start a new "
+            "run (no resume_from_checkpoint) to train with the new ones"
+        )
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, Tensor) or isinstance(y, Tensor):
+        return isinstance(x, Tensor) and isinstance(y, Tensor) and torch.equal(x.cpu(), y.cpu())
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):  # betas may come back as a list
+        return len(x) == len(y) and all(_same(u, v) for u, v in zip(x, y, strict=True))
+    return bool(x == y)
+
+
+def is_ngvi_trainer(cls: Any) -> bool:
+    """True for an ngvi optimizer class or a baseline (MAP, MCDropout) that :class:`VariationalTrainer`
+    builds itself, passing the model where ``cls.builds_from_model(**kwargs)`` says it takes one."""
+    return isinstance(cls, type) and issubclass(cls, VariationalOptimizer | MAP)
+
+
 def is_causal_lm(model: nn.Module) -> bool:
     """True for a model whose labels are its inputs, shifted inside (a causal LM, also under PEFT)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -230,8 +339,11 @@ def is_causal_lm(model: nn.Module) -> bool:
 
 def next_token_labels(input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     """The labels of a causal LM's output positions, [B, T]: position t predicts token t+1; the last
-    position, and positions whose next token is padding, are −100 (for :func:`ngvi.evaluate_classifier`)."""
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    position, and positions whose next token is padding, are −100 (for :func:`ngvi.evaluate_classifier`).
+    The labels are int64 whatever the ids' integer dtype (−100 does not fit uint8: it would wrap to 156)."""
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be token ids (an integer tensor), got {input_ids.dtype}")
+    labels = torch.full(input_ids.shape, IGNORE_INDEX, dtype=torch.int64, device=input_ids.device)
     labels[:, :-1] = input_ids[:, 1:]
     if attention_mask is not None:
         labels[:, :-1][attention_mask[:, 1:] == 0] = IGNORE_INDEX

@@ -50,16 +50,20 @@ def _tracked() -> list[str]:
     return [p for p in out.decode().split("\0") if p]
 
 
+# the offending examples are spelt in pieces so that this file does not name the paths it forbids
+_W, _T, _H, _R = "/" + "work/", "/" + "tmp/", "/" + "home/", "/" + "root/"
+
+
 @pytest.mark.parametrize(
     "line",
     [
-        "export NGVI_DATA=/work/shared/data",
-        "ngvi logreg --out /tmp/vogn-154k",
-        'KJV = Path("/work/shared/data/text/kjv.txt")',
-        "`/work/heavy ngvi rl`",
-        '"/tmp/i14/uci/fullA": {',
-        "see /home/alice/runs/x",
-        "cp x /root/.cache/y",
+        f"export NGVI_DATA={_W}shared/data",
+        f"ngvi logreg --out {_T}vogn-154k",
+        f'KJV = Path("{_W}shared/data/text/kjv.txt")',
+        f"`{_W}heavy ngvi rl`",
+        f'"{_T}i14/uci/fullA": {{',
+        f"see {_H}alice/runs/x",
+        f"cp x {_R}.cache/y",
     ],
 )
 def test_pattern_fires_on_machine_paths(line: str) -> None:

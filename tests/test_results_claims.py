@@ -21,7 +21,7 @@ def _id(claim: dict[str, Any]) -> str:
 
 
 def test_the_claims_cover_the_results_folders() -> None:
-    folders = {Path(c["readme"]).parts[2] for c in CLAIMS}
+    folders = {Path(c["readme"]).parts[2] for c in CLAIMS if c["readme"].startswith("docs/results/")}
     assert len(CLAIMS) >= 30
     assert len(folders) >= 12, sorted(folders)
 

@@ -1,7 +1,7 @@
 """LoRA fine-tuning with IVON under the Hugging Face Trainer; its token-level predictive against AdamW-LoRA.
 
 1. A small character-level GPT-2, built from a config (nothing is downloaded), is pre-trained briefly with
-   AdamW on the first part of a text: /work/shared/data/text/kjv.txt (the King James Bible) when present,
+   AdamW on the first part of a text: ``$NGVI_DATA/text/kjv.txt`` (the King James Bible) when present,
    else a short built-in text.
 2. LoRA adapters (PEFT) on its attention are fine-tuned on a later part of the text, once with IVON through
    ``ngvi.integrations.hf.VariationalTrainer`` and once with AdamW (the stock Trainer).
@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ from transformers import logging as hf_logging
 import ngvi
 from ngvi.integrations.hf import VariationalTrainer, next_token_labels
 
-KJV = Path("/work/shared/data/text/kjv.txt")
+# the benchmark data folder, as the experiments find it (README: "point NGVI_DATA at it")
+KJV = Path(os.environ.get("NGVI_DATA", "../shared/data")) / "text" / "kjv.txt"
 BUILTIN = (
     "In the beginning God created the heaven and the earth. And the earth was without form, and void; "
     "and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. "

@@ -6,7 +6,7 @@ separate ``nn.Linear`` bias in its own param group (its own prior precision), an
 under the same per-coordinate prior. The per-coordinate terms of the symmetric KL show where the distance
 comes from.
 
-    NGVI_DATA=/work/shared/data .venv/bin/python docs/results/logreg/bias_prior_check.py 1e-5 154000 0 1
+    NGVI_DATA=../shared/data .venv/bin/python docs/results/logreg/bias_prior_check.py 1e-5 154000 0 1
 
 arguments: the bias's prior precision, iterations, then the split numbers.
 """

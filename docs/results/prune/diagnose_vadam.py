@@ -7,7 +7,7 @@ then prints quantiles over the weights of
                *per-example* gradients (what VOGN estimates),
   σ            Vadam's posterior standard deviation 1/√(N·s + λ),
 and the test accuracy of the mean network. Run from the repository root:
-    NGVI_DATA=/work/shared/data .venv/bin/python docs/results/prune/diagnose_vadam.py
+    NGVI_DATA=../shared/data .venv/bin/python docs/results/prune/diagnose_vadam.py
 """
 
 from __future__ import annotations

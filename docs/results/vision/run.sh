@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The committed results of docs/results/vision, in one go (run from the repository root, as
-# `/work/heavy bash docs/results/vision/run.sh`: one CPU slot, one torch thread). Each step prints its wall time.
+# `bash docs/results/vision/run.sh`, one torch thread). Each step prints its wall time.
 set -eu
 export NGVI_DATA="${NGVI_DATA:-../shared/data}"
 step() { local start; start=$(date +%s); "$@"; echo "[wall] $(( $(date +%s) - start )) s: $*"; }

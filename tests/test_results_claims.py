@@ -1,0 +1,91 @@
+"""Every number docs/results/claims.toml lists is recomputed from its results.json and found in its README
+(issue 33: the prose around the results must not drift from the data). The checker is tests/claims_check.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from claims_check import ROOT, check, evaluate, load_claims, results_path, t_test_p, value
+
+CLAIMS = load_claims()
+
+
+def _id(claim: dict[str, Any]) -> str:
+    return f"{Path(claim['readme']).parent.name}:{claim['text'][:40]}"
+
+
+def test_the_claims_cover_the_results_folders() -> None:
+    folders = {Path(c["readme"]).parts[2] for c in CLAIMS if c["readme"].startswith("docs/results/")}
+    assert len(CLAIMS) >= 30
+    assert len(folders) >= 12, sorted(folders)
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=[_id(c) for c in CLAIMS])
+def test_readme_states_the_recomputed_number(claim: dict[str, Any]) -> None:
+    if not results_path(claim).is_file():
+        pytest.skip(f"{results_path(claim).relative_to(ROOT)} is absent: nothing to recompute")
+    assert check(claim) is None, check(claim)
+
+
+def _folder(tmp_path: Path, readme: str, rmse: list[float]) -> dict[str, Any]:
+    (tmp_path / "r").mkdir(exist_ok=True)
+    (tmp_path / "r" / "README.md").write_text(readme, encoding="utf-8")
+    runs = {f"vadam/yacht/{i}": {"rmse": x} for i, x in enumerate(rmse)}
+    (tmp_path / "r" / "results.json").write_text(json.dumps({"runs": runs}), encoding="utf-8")
+    return {
+        "readme": "r/README.md",
+        "text": "Vadam's RMSE is {0} ± {1} over {2}\nsplits",
+        "values": [
+            {"expr": "mean(sel('runs', 'vadam/yacht/*', 'rmse'))", "fmt": ".2f"},
+            {"expr": "sem(sel('runs', 'vadam/yacht/*', 'rmse'))", "fmt": ".2f"},
+            {"expr": "count(sel('runs', 'vadam/*/*', 'rmse'))", "fmt": "d"},
+        ],
+    }
+
+
+def test_checker_passes_a_true_claim_across_a_line_break(tmp_path: Path) -> None:
+    claim = _folder(tmp_path, "Here Vadam's RMSE is 2.00 ± 0.58 over\n3 splits.\n", [1.0, 2.0, 3.0])
+    assert check(claim, root=tmp_path) is None
+
+
+def test_checker_fails_when_the_data_moves(tmp_path: Path) -> None:
+    claim = _folder(tmp_path, "Here Vadam's RMSE is 2.00 ± 0.58 over 3 splits.\n", [1.0, 2.0, 3.3])
+    message = check(claim, root=tmp_path)
+    assert message is not None and "2.10 ± 0.67 over 3 splits" in message
+
+
+def test_checker_fails_when_the_prose_moves(tmp_path: Path) -> None:
+    claim = _folder(tmp_path, "Here Vadam's RMSE is about 2 over 3 splits.\n", [1.0, 2.0, 3.0])
+    assert check(claim, root=tmp_path) is not None
+
+
+def test_each_and_over_count_per_item() -> None:
+    results = {"runs": {"a/x/0": 1.0, "a/x/1": 3.0, "b/x/0": 2.0, "b/x/1": 2.0, "a/y/0": 5.0, "b/y/0": 1.0}}
+    spec = {"expr": "mean(sel('runs', 'a/{e}/*')) < mean(sel('runs', 'b/{e}/*'))", "each": ["x", "y"]}
+    assert value({**spec, "over": "sum"}, results) == 0.0  # x: 2 vs 2, y: 5 vs 1
+    assert evaluate("sel('runs', 'a/x/*')[-1]", results) == 3.0  # natural key order
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["__import__('os').system('true')", "sel.__globals__", "open('x')", "mean(x=1)", "[c for c in 'ab']"],
+)
+def test_an_expression_cannot_run_code(expr: str) -> None:
+    with pytest.raises(ValueError, match=r"unknown function|not allowed"):
+        evaluate(expr, {})
+
+
+@pytest.mark.parametrize(("t", "df"), [(12.706, 1), (3.182, 3), (2.262, 9), (2.045, 29)])
+def test_t_test_p_at_the_tables_5_percent_points(t: float, df: int) -> None:
+    # a sample of n = df + 1 points whose t statistic is t: mean t·s/√n, any spread
+    n = df + 1
+    x = [1.0, -1.0] * (n // 2) + [0.0] * (n % 2)
+    s = float(np.std(x, ddof=1))
+    shifted = [v + t * s / np.sqrt(n) for v in x]
+    assert t_test_p(shifted) == pytest.approx(0.05, abs=2e-4)

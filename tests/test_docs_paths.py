@@ -29,10 +29,7 @@ _MACHINE_ROOTS = r"/(?:work|tmp|root|scratch|home/[^/\s]+|Users/[^/\s]+)/"
 MACHINE_PATH = re.compile(_START + _MACHINE_ROOTS, re.MULTILINE)
 
 # Files outside this pass's reach, each with its reason; the list shrinks, it does not grow.
-KNOWN: dict[str, str] = {
-    # its usage docstring's scratch folder; src/ is out of this pass's files (reported in issue 33)
-    "src/ngvi/experiments/bench/before_after.py": "usage docstring, src/ not editable in issue 33's pass",
-}
+KNOWN: dict[str, str] = {}
 
 
 def machine_paths(text: str) -> list[str]:

@@ -123,7 +123,7 @@ def test_bench_table_has_the_floor_kfac_and_spread_columns():
     )
     assert "| noisy K-FAC | 50.0 | +0/+20% | 5.00× | 4.00× | – | – | 1.25× | – |" in text
     assert "| Vadam | 20.0 | -10/+25% | 2.00× | 1.60× | – | – | – | – |" in text
-    assert "| vadam time ≤ 1.25× the floor | 1.60 | **missed** |" in text
+    assert "| vadam time ≤ 1.25× the floor | 1.600 | **missed** |" in text
 
 
 def test_reference_packages_are_checked_by_import_not_by_the_registry(monkeypatch):

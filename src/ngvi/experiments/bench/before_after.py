@@ -1,7 +1,7 @@
 """Before/after step times of the engine, in one run: this checkout's ngvi against an older commit's.
 
-    mkdir -p /tmp/ngvi-before && git archive 7ab7f82 src | tar -x -C /tmp/ngvi-before  # stop 28
-    PYTHONPATH=src python -m ngvi.experiments.bench.before_after --before /tmp/ngvi-before/src --threads 1
+    mkdir -p ../ngvi-before && git archive 7ab7f82 src | tar -x -C ../ngvi-before  # stop 28
+    PYTHONPATH=src python -m ngvi.experiments.bench.before_after --before ../ngvi-before/src --threads 1
 
 The older package is imported under the name ``ngvi_before`` (its modules import each other relatively).
 The six diagonal rules of both versions are built as ``ngvi bench`` builds them, each version's own class

@@ -161,7 +161,8 @@ def _targets(ms: dict[str, dict[str, Any]], params: int, floor_seconds: float | 
     if not checks:
         return ""
     rows = [
-        [what, f"{v:.2f}", "met" if (v <= bound if at_most else v >= bound) else "**missed**"]
+        # three decimals: a value just past its bound (1.003 against 1.00) must not print as the bound
+        [what, f"{v:.3f}", "met" if (v <= bound if at_most else v >= bound) else "**missed**"]
         for what, v, bound, at_most in checks
     ]
     return "\nProject targets:\n\n" + markdown_table(["target", "measured", ""], rows)

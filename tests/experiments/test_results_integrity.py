@@ -38,6 +38,7 @@ class Toy(Experiment):
     def __init__(self, values: list[float], gate: threading.Event | None = None) -> None:
         self.values, self.gate, self.started = values, gate, threading.Event()
         self.seen: dict[str, Any] = {}
+        self.saves = False  # the report adds a note to the results and saves them, as `ngvi bench` does
 
     def jobs(self, args: argparse.Namespace, run: runner.Run) -> list[Job]:
         return [Job(f"job{i}", {"i": i}) for i in range(args.n)]
@@ -50,6 +51,9 @@ class Toy(Experiment):
 
     def report(self, args: argparse.Namespace, run: runner.Run) -> None:
         self.seen = run.results["runs"]
+        if self.saves:
+            run.results["note"] = 1
+            run.save()
 
 
 def _args(out, n: int) -> argparse.Namespace:
@@ -86,6 +90,13 @@ def test_a_save_keeps_the_entries_on_disk_that_the_writer_does_not_hold(tmp_path
     folder.save("results.json", mine)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk == {"config": {}, "runs": {"a": {"x": 9}, "b": {"x": 2}, "c": {"x": 3}}}
+
+
+def test_a_save_of_another_file_keeps_its_other_entries_whole(tmp_path):
+    folder = ResultsFolder(tmp_path)
+    folder.save("tuned.json", {"yacht/vadam": {"a": 1, "old": 2}, "yacht/bbvi": {"a": 3}})
+    folder.save("tuned.json", {"yacht/vadam": {"a": 5}})
+    assert folder.load("tuned.json") == {"yacht/vadam": {"a": 5}, "yacht/bbvi": {"a": 3}}
 
 
 def test_each_write_has_a_temporary_file_of_its_own(tmp_path):
@@ -207,5 +218,8 @@ def test_every_report_sees_only_its_commands_jobs(tmp_path):
     runner.run(second, _args(tmp_path, 2))
     assert second.seen == {"job0": {"value": 1.0}, "job1": {"value": 2.0}}
     third = Toy([math.nan])
+    third.saves = True
     runner.run(third, _args(tmp_path / "nan", 1))
     assert third.seen["job0"]["diverged"] == "non-finite value = nan in results.json"
+    saved = json.loads((tmp_path / "nan" / "results.json").read_text())  # a report that saves its view
+    assert saved["note"] == 1 and list(saved["runs"]) == ["job0"] and "diverged" not in saved["runs"]["job0"]

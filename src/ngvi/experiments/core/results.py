@@ -148,14 +148,15 @@ class ResultsFolder:
 
     def save(self, name: str, data: dict[str, Any]) -> None:
         """Write atomically, so a run killed mid-write leaves the previous file intact, through a temporary
-        file of this writer's own, merging what is on disk (:func:`merged`): no finished entry is lost."""
+        file of this writer's own, merging what is on disk (a results file by :func:`merged`, any other JSON
+        object entry by entry, the writer's winning): no finished entry is lost."""
         file = self.path / name
         try:
             on_disk = json.loads(file.read_bytes())
         except (OSError, ValueError, RecursionError):  # absent, or unreadable: nothing to keep
             on_disk = None
-        if isinstance(on_disk, dict):
-            data = merged(on_disk, data)
+        if isinstance(on_disk, dict):  # a results file merges by section; another (tuned.json) by entry
+            data = merged(on_disk, data) if "runs" in data else {**on_disk, **data}
         text = json.dumps(data, indent=2, sort_keys=True)
         tmp = file.with_name(f".{file.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:

@@ -127,15 +127,21 @@ class Run:
     out: ResultsFolder
     results: dict[str, Any]
     workers: LocalBackend | RayBackend
+    #: for a view (:meth:`own`): the whole results, whose ``runs`` and ``failed`` a save writes unchanged
+    whole: dict[str, Any] | None = None
 
     def save(self) -> None:
-        self.out.save(RESULTS, self.results)  # merges: a view saved here keeps the entries it leaves out
+        data = self.results
+        if self.whole is not None:  # a view: its other sections, and the jobs as they are, not as marked
+            data = {k: v for k, v in data.items() if k not in ("runs", "failed")}
+            data |= {k: self.whole[k] for k in ("runs", "failed") if k in self.whole}
+        self.out.save(RESULTS, data)  # merges with the file: no entry on disk is lost
 
     def own(self, keys: Sequence[str]) -> Run:
         """This run seen through the jobs ``keys`` only: ``runs`` and ``failed`` hold just those (the other
         sections, e.g. tuned values, are shared), and a result whose metric (a ``number`` field of
         :attr:`Experiment.result_fields`) is NaN or infinite is marked ``diverged``, so no report averages
-        or bolds it. Saving the view keeps every other entry on disk (:meth:`.ResultsFolder.save` merges)."""
+        or bolds it. Saving the view saves the jobs as they are, and what the report added to the results."""
         numbers = [k.rstrip("?") for k, v in (self.experiment.result_fields or {}).items() if v == "number"]
         runs, failed = self.results["runs"], self.results.get("failed", {})
         own_runs = {}
@@ -153,7 +159,7 @@ class Run:
         own_failed = {k: failed[k] for k in keys if k in failed}
         if own_failed:
             view["failed"] = own_failed
-        return Run(self.experiment, self.out, view, self.workers)
+        return Run(self.experiment, self.out, view, self.workers, whole=self.results)
 
     def map(self, specs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(self.workers.map(self.experiment, specs))

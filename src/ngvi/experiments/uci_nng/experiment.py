@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ..core import args as arg_types
@@ -101,6 +102,10 @@ class UCINNG(Experiment):
             return []
         common = {"protocol": self._protocol(args).asdict(), "seed": args.seed, "data_dir": args.data_dir}
         return split_jobs(args, self.n_splits, common)
+
+    def report_keys(self, args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
+        """The fits the table shows: those of ``jobs``, with --report-only too (it runs none)."""
+        return [job.key for job in split_jobs(args, self.n_splits, {})]
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         split = load_uci(spec["dataset"], spec["split"], spec["data_dir"])

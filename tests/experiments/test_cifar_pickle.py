@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ngvi.experiments.data._safe_pickle import loads
-from ngvi.experiments.data.cifar10 import load_cifar10
+from ngvi.experiments.data.cifar10 import MAX_BATCH_BUILT, MAX_BATCH_FILE, load_cifar10
 
 # ---- raw opcodes, as Python 2's cPickle writes them at protocol 2 (strings are SHORT_BINSTRING / BINSTRING)
 
@@ -151,7 +151,7 @@ def test_cifar_batch_contents_are_checked(tmp_path):
 CHILD = """
 import os, struct, sys
 from pathlib import Path
-from ngvi.experiments.data.cifar10 import load_cifar10
+from ngvi.experiments.data.cifar10 import MAX_BATCH_BUILT, MAX_BATCH_FILE, load_cifar10
 root, marker = Path(sys.argv[1]), sys.argv[2]
 command = f"touch {marker}".encode()
 poc = root / "poc_os_system"
@@ -284,3 +284,51 @@ def test_classify_reports_a_crafted_batch_in_one_line(tmp_path):
         "rebuilders (and nothing named is run)"
     ]
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+# ---- memory (issue 31): the memo rebuilds one string into many arrays; a batch file of many gigabytes
+
+
+def memo_bomb(copies: int, size: int) -> bytes:
+    """A batch whose 'data' is a list of ``copies`` arrays, each rebuilt from one ``size``-byte string that
+    the file holds once (memo slot 9): ``copies × size`` bytes asked for by a file of ``size`` bytes."""
+    one = array(U1, b"J" + struct.pack("<i", size) + b"\x85", b"")  # its data: BINGET 9 instead of a string
+    one = one.replace(pystr(b"") + b"tb", b"h\x09tb")
+    return b"\x80\x02}(U\x04data](" + pystr(b"A" * size) + b"q\x09" + one * copies + b"eu."
+
+
+def test_a_string_rebuilt_through_the_memo_is_bounded_by_the_file_size():
+    raw = memo_bomb(200, 1 << 20)  # 1 MB on disk, 200 MB asked (the issue's 3,000 copies ask for 3 GB)
+    assert len(raw) < (1 << 20) + 30_000
+    message = r"^bomb: at byte [0-9]+ \(BUILD\): the pickle builds more than "
+    with pytest.raises(ValueError, match=message) as e:
+        loads(raw, "bomb")
+    assert "\n" not in str(e.value)
+    # a few copies fit in the budget: they are read, so the bound is on the size and not on the form
+    read = loads(memo_bomb(3, 1 << 10), "few")
+    assert [a.shape for a in read[b"data"][1:]] == [(1024,)] * 3
+
+
+def test_a_cifar_batch_may_build_no_more_than_a_batch_needs(tmp_path):
+    """Within 8 × its size, but more than a real batch's bytes three times over: refused before the copies."""
+    raw = memo_bomb(8, 16 << 20)  # a 16 MB file asking for 128 MB
+    assert MAX_BATCH_BUILT < 8 * (16 << 20) and len(raw) < MAX_BATCH_FILE
+    (tmp_path / "test_batch").write_bytes(raw)
+    with pytest.raises(ValueError, match=f"batch {tmp_path / 'test_batch'}: at byte [0-9]+ \\(BUILD\\): the "
+                       f"pickle builds more than {MAX_BATCH_BUILT:,} bytes") as e:  # fmt: skip
+        load_cifar10(tmp_path, "test")
+    assert "\n" not in str(e.value)
+
+
+def test_a_batch_file_larger_than_a_batch_is_refused_unread(tmp_path, monkeypatch):
+    file = tmp_path / "test_batch"
+    with file.open("wb") as f:  # sparse: takes no disk
+        f.truncate(3 << 30)
+    monkeypatch.setattr("pathlib.Path.read_bytes", lambda self: pytest.fail("the whole file was read"))
+    message = (
+        r"test_batch has 3,221,225,472 bytes, more than the 67,108,864 read from a batch "
+        r"\(a real one, 10,000 images, is about 31 MB\): use the batch files"
+    )
+    with pytest.raises(ValueError, match=message) as e:
+        load_cifar10(tmp_path, "test")
+    assert "\n" not in str(e.value)

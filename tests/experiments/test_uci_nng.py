@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -69,6 +70,8 @@ def test_smoke_run_writes_the_table_beside_nngs_and_merges(tmp_path, capsys, dat
     assert main(["uci-nng", "--datasets", "yacht", "--merge-from", str(out), "--report-only", "--out",
                  str(merged), "--data-dir", str(data_dir)]) == 0  # fmt: skip
     assert json.loads((merged / "results.json").read_text())["runs"] == runs
+    ours = re.findall(r"-?[0-9.]+ ± [0-9.]+ \(2\)", (out / "table.md").read_text())
+    assert ours and all(cell in (merged / "table.md").read_text() for cell in ours)  # report-only shows them
 
 
 def test_precision_figure_shows_what_each_family_can_represent(tmp_path, data_dir):

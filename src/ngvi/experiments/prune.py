@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -156,6 +157,10 @@ class Prune(Experiment):
             for m in args.methods
             for s in range(args.seeds)
         ]
+
+    def report_keys(self, args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
+        """The runs the table shows: ``--methods`` × ``--seeds``, with --report-only too (it runs none)."""
+        return [f"{m}/seed{s}" for m in args.methods for s in range(args.seeds)]
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         from .data.mnist import load_mnist

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -162,6 +163,16 @@ class Bandits(Experiment):
                     }
                     out.append(Job(job_key(key, contexts, agent, r), spec))
         return out
+
+    def report_keys(self, args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
+        """The runs the tables compare: those of ``jobs``, with --report-only too (it runs none)."""
+        args = self.resolve(args)
+        return [
+            job_key(key, self.n_contexts(args, dataset), agent, r)
+            for key, dataset, _ in problems(args.datasets, args.deltas)
+            for agent in args.agents
+            for r in range(args.runs)
+        ]
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         start, cpu = time.perf_counter(), time.process_time()

@@ -2,6 +2,10 @@
 
 Small-sample honesty: with one value there is no standard error, so :func:`fmt_mean_se` prints none and
 :func:`verdict` gives no verdict; bold marks (see :data:`BOLD_LEGEND`) need at least two paired values.
+
+A metric that is NaN or infinite (a fit that blew up, or a hand-edited file) is a diverged fit: it enters no
+mean (:func:`per_split`), is listed by :func:`diverged_note`, and is never bold (:func:`bold_set`). The
+runner already hands each report only its own command's jobs, with such fits marked (``Run.own``).
 """
 
 from __future__ import annotations
@@ -21,29 +25,45 @@ BOLD_LEGEND = (
 )
 
 
+def _finite(x: Any) -> bool:
+    return type(x) in (int, float) and math.isfinite(x)
+
+
+def _diverged(result: dict[str, Any], metrics: Sequence[str]) -> bool:
+    """A fit that diverged: so marked, or with one of ``metrics`` NaN or infinite."""
+    return "diverged" in result or any(m in result and not _finite(result[m]) for m in metrics)
+
+
 def diverged_note(
-    runs: dict[str, Any], datasets: list[str], methods: list[str], label: Callable[[str], str], left_out: str
+    runs: dict[str, Any],
+    datasets: list[str],
+    methods: list[str],
+    label: Callable[[str], str],
+    left_out: str,
+    metrics: Sequence[str] = (),
 ) -> str:
-    """A note listing the fits (keys ``dataset/method/split``) that diverged (non-finite gradients), which
-    the table leaves out (``left_out`` says how); empty when none did."""
+    """A note listing the fits (keys ``dataset/method/split``) that diverged (non-finite gradients, or a
+    metric among ``metrics`` that is NaN or infinite), which the table leaves out (``left_out`` says how);
+    empty when none did."""
     counts: Counter[str] = Counter()
     for k, v in runs.items():
         dataset, method, _ = k.split("/")
-        if "diverged" in v and dataset in datasets and method in methods:
+        if _diverged(v, metrics) and dataset in datasets and method in methods:
             counts[f"{label(method)} on {dataset}"] += 1
     if not counts:
         return ""
     listed = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
-    return f"\nDiverged fits (non-finite gradients; {left_out}): {listed}.\n"
+    return f"\nDiverged fits (non-finite gradients or metrics; {left_out}): {listed}.\n"
 
 
 def per_split(results: dict[str, Any], dataset: str, method: str, key: str) -> dict[int, float]:
-    """``key`` of each fit ``dataset/method/<split>`` that did not diverge, by split."""
+    """``key`` of each fit ``dataset/method/<split>`` that did not diverge (and whose ``key`` is finite), by
+    split."""
     prefix = f"{dataset}/{method}/"
     return {
         int(k[len(prefix) :]): v[key]
         for k, v in results["runs"].items()
-        if k.startswith(prefix) and "diverged" not in v
+        if k.startswith(prefix) and "diverged" not in v and _finite(v.get(key))
     }
 
 
@@ -88,8 +108,9 @@ def indistinguishable(a: dict[Any, float], b: dict[Any, float]) -> bool:
 
 def bold_set(values: dict[str, dict[Any, float]], sign: int) -> set[str]:
     """The best of ``values`` (method → per-split values; ``sign`` +1 if higher is better) and every
-    method indistinguishable from it. Nothing is bold without at least two splits."""
-    values = {m: v for m, v in values.items() if len(v) >= 2}
+    method indistinguishable from it. Nothing is bold without at least two splits, and nothing with a value
+    that is NaN or infinite."""
+    values = {m: v for m, v in values.items() if len(v) >= 2 and all(map(_finite, v.values()))}
     if not values:
         return set()
     best = max(values, key=lambda m: sign * mean_se(values[m].values())[0])

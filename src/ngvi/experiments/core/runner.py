@@ -7,6 +7,13 @@ configuration is refused), runs the jobs on a backend (``--backend local``: ``--
 ``--backend ray``: Ray tasks, see :mod:`.backends`) with a progress bar, and ends cleanly on Ctrl-C or
 SIGTERM: the workers are terminated, every finished result is kept, and one line says how to resume. The
 results do not depend on the backend, so a run started on one resumes on the other.
+
+Issue 31: a run holds its folder's lock from start to end (:meth:`.ResultsFolder.lock`: a second run on the
+same ``--out`` is refused), every cached entry is checked against what the experiment writes
+(:attr:`Experiment.result_fields`) before any work, and **the report sees only this command's jobs**
+(:meth:`Run.own`): the folder may cache more (a ``--splits 4`` run before this ``--splits 2`` one, other
+data sets or methods), but a table averages exactly the jobs its command names, and a metric that is NaN or
+infinite marks its fit as diverged instead of entering a mean or a bold mark.
 """
 
 from __future__ import annotations
@@ -14,14 +21,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .backends import Failed, LocalBackend, RayBackend, _watch_main, make_backend
-from .results import ResultsFolder, show_progress
+from .results import ResultsFolder, check_fields, show_progress
 
 Workers = LocalBackend  # its old name
 __all__ = ["Experiment", "Incomplete", "Interrupted", "Job", "Run", "Workers", "_watch_main", "run"]
@@ -88,6 +96,22 @@ class Experiment:
     def report(self, args: argparse.Namespace, run: Run) -> None:
         """Tables and figures from ``run.results``, into ``run.out``."""
 
+    #: the fields of one job's result that the report reads (name → kind of :func:`.check_fields`; a name
+    #: ending in ``?`` is optional); a cached result without them is refused before any work. None: no check
+    #: beyond the runner's. A result ``{"diverged": str, ...}`` (a fit that diverged) needs only that string.
+    result_fields: ClassVar[dict[str, str] | None] = None
+
+    def check_result(self, key: str, result: dict[str, Any]) -> str | None:
+        """What is wrong with the cached ``result`` of job ``key`` (None: nothing); see ``result_fields``."""
+        if "diverged" in result:
+            return check_fields(result, {"diverged": "str"})
+        return None if self.result_fields is None else check_fields(result, self.result_fields)
+
+    def report_keys(self, args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
+        """The jobs whose results the report reads: this command's jobs (override where the report reads
+        cached jobs without running any, e.g. a report-only mode)."""
+        return [j.key for j in jobs]
+
     def resources(self, spec: dict[str, Any]) -> dict[str, float]:
         """What one job needs on Ray: a CPU (it runs one torch thread), and a GPU if its spec names a CUDA
         ``device``."""
@@ -103,9 +127,39 @@ class Run:
     out: ResultsFolder
     results: dict[str, Any]
     workers: LocalBackend | RayBackend
+    #: for a view (:meth:`own`): the whole results, whose ``runs`` and ``failed`` a save writes unchanged
+    whole: dict[str, Any] | None = None
 
     def save(self) -> None:
-        self.out.save(RESULTS, self.results)
+        data = self.results
+        if self.whole is not None:  # a view: its other sections, and the jobs as they are, not as marked
+            data = {k: v for k, v in data.items() if k not in ("runs", "failed")}
+            data |= {k: self.whole[k] for k in ("runs", "failed") if k in self.whole}
+        self.out.save(RESULTS, data)  # merges with the file: no entry on disk is lost
+
+    def own(self, keys: Sequence[str]) -> Run:
+        """This run seen through the jobs ``keys`` only: ``runs`` and ``failed`` hold just those (the other
+        sections, e.g. tuned values, are shared), and a result whose metric (a ``number`` field of
+        :attr:`Experiment.result_fields`) is NaN or infinite is marked ``diverged``, so no report averages
+        or bolds it. Saving the view saves the jobs as they are, and what the report added to the results."""
+        numbers = [k.rstrip("?") for k, v in (self.experiment.result_fields or {}).items() if v == "number"]
+        runs, failed = self.results["runs"], self.results.get("failed", {})
+        own_runs = {}
+        for key in keys:
+            if key not in runs:
+                continue
+            result = runs[key]
+            bad = [n for n in numbers if isinstance(result.get(n), float) and not math.isfinite(result[n])]
+            if bad and "diverged" not in result:
+                what = ", ".join(f"{n} = {result[n]}" for n in bad)
+                result = {**result, "diverged": f"non-finite {what} in {RESULTS}"}
+            own_runs[key] = result
+        view = {**self.results, "runs": own_runs}
+        view.pop("failed", None)
+        own_failed = {k: failed[k] for k in keys if k in failed}
+        if own_failed:
+            view["failed"] = own_failed
+        return Run(self.experiment, self.out, view, self.workers, whole=self.results)
 
     def map(self, specs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(self.workers.map(self.experiment, specs))
@@ -176,9 +230,19 @@ def _signals_ignored() -> Iterator[None]:
 
 
 def run(experiment: Experiment, args: argparse.Namespace) -> Run:
-    """Check the folder, resume from its results, prepare, run the missing jobs, and report."""
+    """Check the folder, hold it for this run, resume from its results, prepare, run the missing jobs, and
+    report on this command's jobs only."""
     out = ResultsFolder(args.out)
+    with out.lock():
+        return _run_locked(experiment, args, out)
+
+
+def _run_locked(experiment: Experiment, args: argparse.Namespace, out: ResultsFolder) -> Run:
     results = out.load_results(RESULTS)
+    for key, result in results.get("runs", {}).items():
+        problem = experiment.check_result(key, result)
+        if problem is not None:
+            raise out.refuse_entry(RESULTS, key, problem)
     config = json.loads(json.dumps(experiment.config(args)))  # as read back (tuples become lists)
     if results.get("config", config) != config:
         raise ValueError(
@@ -195,7 +259,8 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Run:
             workers = make_backend(backend, jobs, getattr(args, "ray_address", None))
             current = Run(experiment, out, results, workers)
             experiment.prepare(args, current)
-            current.run_jobs(experiment.jobs(args, current))
+            command_jobs = experiment.jobs(args, current)
+            current.run_jobs(command_jobs)
         except KeyboardInterrupt:
             with _signals_ignored():  # a second Ctrl-C or SIGTERM must not cut the cleanup short
                 if workers is not None:
@@ -212,10 +277,11 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Run:
                 workers.close(terminate=True)
             raise
         workers.close()
-    experiment.report(args, current)
-    failed = results.get("failed", {})
+    own = current.own(experiment.report_keys(args, command_jobs))
+    experiment.report(args, own)
+    failed = own.results.get("failed", {})
     if failed:
-        _note_failed(current)
+        _note_failed(own)
         raise Incomplete(
             f"{len(failed)} job(s) failed and are missing from the table (listed under 'failed' in "
             f"{out / RESULTS} and in table.md): rerun the same command to retry them"

@@ -9,6 +9,15 @@ and builds dicts, lists, tuples, str, bytes, ints, None and bools itself. A glob
 never imported. Of calls, it recognises only the exact shapes in which Python and numpy write bytes and a
 C-ordered uint8 array, and builds the array with :func:`numpy.frombuffer` after checking the shape against
 the byte count. Everything else is refused with a one-line :class:`ValueError`.
+
+**Memory is bounded too** (issue 31): the memo lets a file name one value many times for the price of a
+2-byte GET, and each array rebuilt from it copies its bytes, so a 1 MB file could ask for gigabytes. Every
+object the reader makes is charged to a budget at about its size in CPython (a str or bytes its length plus
+a header, an array or encoded string the bytes it copies, a container, list slot, dict item or memo entry a
+fixed size; a reference to an existing value costs nothing, and the stack is bounded by :data:`MAX_STACK`).
+The budget is a small multiple of the file's size (:data:`BUDGET_PER_BYTE` × size + :data:`BUDGET_FLOOR`),
+lowered further by the caller where the content's size is known (a CIFAR batch). An honest file needs about
+twice its size (its data string, then the array copied from it); a list of small ints four times.
 """
 
 from __future__ import annotations
@@ -25,6 +34,16 @@ import numpy as np
 MAX_DEPTH = 32
 MAX_STACK = 100_000
 _INT_LIMIT = 1 << 63
+#: the bytes a file may make the reader build: BUDGET_PER_BYTE × its size + BUDGET_FLOOR (see the docstring)
+BUDGET_PER_BYTE = 8
+BUDGET_FLOOR = 1 << 20
+# about what CPython takes, in bytes: the header of a str, bytes or int; an empty container with its entries
+# in self.depth and self.alive; a slot of a list or tuple; an item of a dict or of the memo; an array header
+_HEADER = 48
+_CONTAINER = 200
+_SLOT = 8
+_ITEM = 48
+_ARRAY = 112
 
 # The only globals a file may name, by what they stand for. None of them is imported or called.
 _GLOBALS = {
@@ -120,7 +139,8 @@ def uint8_array(shape: Any, data: Any) -> np.ndarray:
 
 
 class _Reader:
-    def __init__(self) -> None:
+    def __init__(self, budget: int) -> None:
+        self.budget, self.spent = budget, 0
         self.stack: list[Any] = []
         self.marks: list[int] = []
         self.memo: dict[int, Any] = {}
@@ -131,6 +151,15 @@ class _Reader:
         self.internal: set[int] = set()
 
     # ---- values
+    def charge(self, cost: int) -> None:
+        """Count ``cost`` bytes against the budget, before they are allocated."""
+        self.spent += cost
+        if self.spent > self.budget:
+            raise ValueError(
+                f"the pickle builds more than {self.budget:,} bytes of values, a bound set from the file's "
+                "size (a file that names its values many times over through the memo)"
+            )
+
     def push(self, value: Any) -> None:
         if len(self.stack) >= MAX_STACK:
             raise ValueError(f"more than {MAX_STACK} items on the pickle stack")
@@ -158,6 +187,7 @@ class _Reader:
     def container(self, value: Any, depth: int = 1) -> Any:
         if depth > MAX_DEPTH:
             raise ValueError(f"containers nested deeper than {MAX_DEPTH}")
+        self.charge(_CONTAINER)
         self.depth[id(value)] = depth
         self.alive.append(value)
         return value
@@ -180,6 +210,7 @@ class _Reader:
         if depth > MAX_DEPTH:
             raise ValueError(f"containers nested deeper than {MAX_DEPTH}")
         self.depth[id(target)] = depth
+        self.charge(len(items) * _SLOT if isinstance(target, list) else len(items) // 2 * _ITEM)
         if isinstance(target, list):
             target.extend(items)
             return
@@ -191,6 +222,7 @@ class _Reader:
             target[key] = value
 
     def tuple(self, items: list[Any]) -> tuple[Any, ...]:
+        self.charge(len(items) * _SLOT)
         value = tuple(items)
         depth = 1
         for x in items:
@@ -200,10 +232,16 @@ class _Reader:
         return self.container(value, depth)
 
     # ---- the calls numpy and Python write: recognised by shape, computed here
+    def array(self, shape: Any, data: Any) -> np.ndarray:
+        """:func:`uint8_array`, charged for the copy it makes of bytes (a bytearray is used in place)."""
+        self.charge(_ARRAY + (len(data) if isinstance(data, bytes) else 0))
+        return uint8_array(shape, data)
+
     def reduce(self, func: Any, args: Any) -> Any:
         if not isinstance(func, _Global) or not isinstance(args, tuple):
             raise ValueError(f"refused a call of {_repr.repr(func)}: only named globals are called")
         if func.tag == "encode" and len(args) == 2 and isinstance(args[0], str) and _is(args[1], "latin1"):
+            self.charge(_HEADER + len(args[0]))
             try:
                 return args[0].encode("latin-1")
             except UnicodeEncodeError:
@@ -226,7 +264,7 @@ class _Reader:
         if func.tag == "frombuffer" and len(args) == 4:
             buf, dtype, shape, order = args
             if isinstance(dtype, _Dtype) and dtype.built and _is(order, "C"):
-                return uint8_array(shape, buf)
+                return self.array(shape, buf)
         raise ValueError(
             f"refused {func.name}{_repr.repr(args)}: only dicts, lists, tuples, str, bytes, ints and "
             "C-ordered uint8 numpy arrays are read"
@@ -250,7 +288,7 @@ class _Reader:
                 raise ValueError(
                     f"refused the array state {_repr.repr(state)}: only C-ordered uint8 arrays are read"
                 )
-            obj.value = uint8_array(shape, data)
+            obj.value = self.array(shape, data)
             return obj.value
         raise ValueError(f"refused to set the state of {_repr.repr(obj)}: only a new uint8 array takes one")
 
@@ -278,6 +316,10 @@ class _Reader:
 
     def step(self, name: str, arg: Any) -> bool:
         push = self.push
+        if isinstance(arg, (str, bytes, bytearray)):  # parsed from the file: a new object of that size
+            self.charge(_HEADER + len(arg))
+        elif type(arg) is int and not -5 <= arg <= 256:  # CPython keeps one copy of each small int
+            self.charge(_HEADER)
         if name in ("PROTO", "FRAME"):
             if name == "PROTO" and not _is_int(arg, 0, 1, 2, 3, 4, 5):
                 raise ValueError(f"unknown pickle protocol {arg}")
@@ -323,6 +365,7 @@ class _Reader:
         elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
             if not self.stack:
                 raise ValueError("nothing to memoize")
+            self.charge(_ITEM)
             self.memo[len(self.memo) if arg is None else arg] = self.stack[-1]
         elif name in ("GET", "BINGET", "LONG_BINGET"):
             if arg not in self.memo:
@@ -357,16 +400,22 @@ class _Reader:
         return False
 
 
-def loads(data: bytes, source: str) -> Any:
+def loads(data: bytes, source: str, max_built: int | None = None) -> Any:
     """The value pickled in ``data``: dicts, lists, tuples, str, bytes, ints, None, bools and uint8 arrays.
 
     Python 2 strings are read as bytes (pickle's ``encoding="bytes"``). Nothing named in the file is
-    imported or called.
+    imported or called. The values built may take at most ``BUDGET_PER_BYTE × len(data) + BUDGET_FLOOR``
+    bytes, and at most ``max_built`` where the caller knows the content's size.
 
     Raises:
         ValueError: one line naming ``source``, the place in the file and what was refused.
     """
+    budget = BUDGET_PER_BYTE * len(data) + BUDGET_FLOOR
+    if max_built is not None:
+        budget = min(budget, max_built)
     try:
-        return _Reader().run(data)
+        return _Reader(budget).run(data)
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None
+    except MemoryError:  # the budget keeps the reader's own share small; the machine may still be short
+        raise ValueError(f"{source}: out of memory while reading a {len(data):,}-byte pickle") from None

@@ -9,6 +9,12 @@ The folder (``cifar-10-batches-py``, as unpacked from ``cifar-10-python.tar.gz``
 own array rebuilders can be steered into reading pointers from the file (issue 20). So these files are read by
 :func:`ngvi.experiments.data._safe_pickle.loads`, which runs nothing: it builds dicts, lists, str, bytes and
 ints itself, and the uint8 image array from its raw bytes; anything else is refused with a ``ValueError``.
+
+**A batch's size is known** (issue 31): 10,000 images of 3,072 bytes, about 31 MB on disk. A file larger
+than :data:`MAX_BATCH_FILE` is refused before it is read, and the reader may build at most
+:data:`MAX_BATCH_BUILT` bytes of values from one (the image bytes three times over: the string in the file,
+its latin-1 text form where Python 3 wrote it below protocol 3, and the array copied from it), so a crafted
+file that names one string thousands of times through the pickle memo is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,13 +33,28 @@ TEST_BATCHES = ("test_batch",)
 #: per-channel mean and standard deviation of the training images in [0, 1]
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+#: images per batch file, and bytes per image
+BATCH_IMAGES, IMAGE_BYTES = 10_000, 3072
+#: the largest batch file read (a real one is 31,035,7xx bytes) and the most bytes of values built from one
+MAX_BATCH_FILE = 64 << 20
+MAX_BATCH_BUILT = 3 * BATCH_IMAGES * IMAGE_BYTES + (16 << 20)
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
 def _batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """The images [n, 3072] and labels [n] of one batch file, checked."""
     hint = "use the batch files unpacked from cifar-10-python.tar.gz"
-    batch = loads(path.read_bytes(), f"CIFAR-10 batch {path}")
+    size = path.stat().st_size
+    if size <= MAX_BATCH_FILE:
+        with path.open("rb") as f:  # at most one byte past the bound, should the file grow meanwhile
+            raw = f.read(MAX_BATCH_FILE + 1)
+        size = len(raw)
+    if size > MAX_BATCH_FILE:
+        raise ValueError(
+            f"CIFAR-10 batch {path} has {size:,} bytes, more than the {MAX_BATCH_FILE:,} read from a batch "
+            f"(a real one, {BATCH_IMAGES:,} images, is about 31 MB): {hint}"
+        )
+    batch = loads(raw, f"CIFAR-10 batch {path}", max_built=MAX_BATCH_BUILT)
     if not isinstance(batch, dict):
         raise ValueError(f"{path} is not a CIFAR-10 batch (a dict) but a {type(batch).__name__}: {hint}")
     get = lambda key: batch.get(key.encode(), batch.get(key))  # noqa: E731 (Python 2 pickles: bytes keys)

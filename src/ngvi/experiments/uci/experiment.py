@@ -11,7 +11,7 @@ import shlex
 import sys
 from dataclasses import asdict
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -66,6 +66,13 @@ class UCI(Experiment):
     name = "uci"
     requires = ("tqdm", "matplotlib", "scipy", "optuna")
     help = "the UCI regression benchmark (Khan et al. 2018 and Zhang et al. 2018, Table 1)"
+    #: what the report reads of a fit (issue 31: a hand-edited results.json is checked entry by entry)
+    result_fields: ClassVar[dict[str, str]] = {
+        "rmse": "number",
+        "loglik": "number",
+        "seconds?": "seconds",
+        "curve?": "numbers",
+    }
 
     examples = (
         "ngvi uci --datasets yacht,concrete --methods vadam,bbvi --splits 20 --tune none",
@@ -238,6 +245,10 @@ class UCI(Experiment):
                     f"{path} was run with {other.get('config')}, {run.out.path} with "
                     f"{run.results['config']}; merge only results of the same protocol and seed"
                 )
+            for k, v in other.get("runs", {}).items():
+                problem = self.check_result(k, v) if isinstance(v, dict) else f"holds {type(v).__name__}"
+                if problem is not None and wanted(k):
+                    raise src.refuse_entry("results.json", k, problem)
             for section in ("runs", "hparams"):
                 for k, v in other.get(section, {}).items():
                     if wanted(k):

@@ -36,7 +36,7 @@ SHORT = {"khan2018": "K18", "zhang2018": "Z18"}
 def diverged(results: dict[str, Any], datasets: list[str], methods: list[str]) -> str:
     """A note listing the fits that diverged (non-finite gradients), which the table leaves out."""
     left_out = "left out of the means, and the cell shows how many splits it averages"
-    return diverged_note(results["runs"], datasets, methods, lambda m: METHODS[m].label, left_out)
+    return diverged_note(results["runs"], datasets, methods, lambda m: METHODS[m].label, left_out, METRICS)
 
 
 def _tau_on_edge(results: dict[str, Any], dataset: str, method: str) -> bool:
@@ -134,7 +134,9 @@ def plot_curves(results: dict[str, Any], datasets: list[str], methods: list[str]
         for m in methods:
             prefix = f"{d}/{m}/"
             curves = [
-                v["curve"] for k, v in results["runs"].items() if k.startswith(prefix) and v.get("curve")
+                v["curve"]
+                for k, v in results["runs"].items()
+                if k.startswith(prefix) and v.get("curve") and "diverged" not in v
             ]
             if not curves:
                 continue

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from ..core import args as arg_types
 from ..core.runner import Experiment, Job, Run
@@ -30,6 +31,8 @@ class UCINNG(Experiment):
     name = "uci-nng"
     requires = ("tqdm", "matplotlib", "scipy")
     help = "the UCI regression benchmark under NNG's protocol (Zhang et al. 2018, §5.1, Table 1)"
+    #: what the report reads of a fit (issue 31: a hand-edited results.json is checked entry by entry)
+    result_fields: ClassVar[dict[str, str]] = {"rmse": "number", "loglik": "number", "seconds?": "seconds"}
 
     examples = (
         "ngvi uci-nng --datasets yacht --methods noisy_kfac --splits 3",
@@ -99,6 +102,10 @@ class UCINNG(Experiment):
             return []
         common = {"protocol": self._protocol(args).asdict(), "seed": args.seed, "data_dir": args.data_dir}
         return split_jobs(args, self.n_splits, common)
+
+    def report_keys(self, args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
+        """The fits the table shows: those of ``jobs``, with --report-only too (it runs none)."""
+        return [job.key for job in split_jobs(args, self.n_splits, {})]
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         split = load_uci(spec["dataset"], spec["split"], spec["data_dir"])

@@ -100,7 +100,7 @@ def table(results: dict[str, Any], datasets: list[str], methods: list[str], comm
     lines.append(_noise(results, datasets, methods))
     lines.append(
         shared.diverged_note(
-            results["runs"], datasets, methods, lambda m: METHODS[m].label, "left out of the means"
+            results["runs"], datasets, methods, lambda m: METHODS[m].label, "left out of the means", METRICS
         )
     )
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from ..._tensorlist import TensorList
 from ...curvature.estimators import CurvatureEstimator, estimator_for
 from ...posterior import DiagonalGaussian
 from .. import diagnostics as _diagnostics
-from . import group_keys, mixed_precision, state_checks
+from . import group_keys, mixed_precision, sample_guard, state_checks
 from .accumulator import SampleAccumulator
 from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
@@ -98,6 +98,7 @@ class VariationalOptimizer(Optimizer):
         "_open_sample",
         "_backward_done",
         "_rng_checkpoint",
+        "_bound",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -145,6 +146,7 @@ class VariationalOptimizer(Optimizer):
 
     def _init_transient(self) -> None:
         self._means: dict[Tensor, Tensor] = {}  # μ while the parameters hold a sample
+        self._bound: sample_guard.Bound = {}  # θ's tensors and version counters, checked at end_sample
         self._sqrt_prec: dict[Tensor, Tensor] = {}  # √precision of the current sample (needs_noise)
         self._in_sample = False
         self._open_sample: _OpenSample | None = None  # what end_sample() closes
@@ -289,7 +291,12 @@ class VariationalOptimizer(Optimizer):
     def end_sample(self, discard: bool = False) -> None:
         """Restore μ. With ``train=True`` the gradients now in ``p.grad`` are one MC sample for ``step()``,
         unless ``discard``: then the sample is dropped and its noise rolled back, as if never drawn (what a
-        framework should do when the forward or backward pass raised)."""
+        framework should do when the forward or backward pass raised).
+
+        The parameters must not be changed while the sample is open (``model.load_state_dict()``,
+        ``model.double()``, in-place writes): restoring μ would undo the change, so it is refused: μ is
+        restored, the sample discarded, and a RuntimeError names the parameter (:mod:`.sample_guard`; a
+        warning where the ``sampled_params()`` block raised). Make such changes between steps."""
         if not self._in_sample:
             raise RuntimeError(
                 f"{type(self).__name__}.end_sample(): no sample is open (begin_sample() first)"
@@ -311,6 +318,7 @@ class VariationalOptimizer(Optimizer):
         self._backward_done = False
         if perturb:
             draw(self, train)  # on error: parameters and noise as before
+            self._bound = sample_guard.bound(self._means)
         self._in_sample = True  # plugins see the sample (mean_of gives μ)
         plugins = contextlib.ExitStack()
         try:
@@ -337,6 +345,8 @@ class VariationalOptimizer(Optimizer):
         try:
             try:  # in the plugins' scope (the hooks' records): ĥ at θ, then ĝ (and the rest) at μ
                 try:
+                    if sample.perturb:  # a change to the parameters since the draw: refused, not undone
+                        sample_guard.check(self, error)
                     if keep and self.curvature_reads_sample:
                         self.accumulator.add_sample(self, sample.keep_grad_refs)
                 finally:
@@ -368,6 +378,7 @@ class VariationalOptimizer(Optimizer):
         for p, mean in self._means.items():  # μ never left its tensors: rebind (see perturbation)
             p.data = mean
         self._means.clear()  # θ's tensors are freed: the update's temporaries can use the memory
+        self._bound = {}
 
     # -- backward, accumulation and the step --------------------------------------------------------------
     def backward(self, loss: Tensor, output: Tensor | None = None) -> None:

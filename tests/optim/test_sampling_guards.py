@@ -3,6 +3,8 @@
 * A change made to the parameters inside a sample (``model.load_state_dict``, ``model.float()``, an in-place
   write) would be silently undone when μ is restored: ``end_sample()`` refuses it, with μ restored and the
   sample discarded (:mod:`ngvi.optim.engine.sample_guard`).
+* ``state_dict()`` is refused while a sample is open, as copying and ``load_state_dict()`` are: the model's
+  parameters hold θ then, and a checkpoint would resume from θ as if it were μ.
 """
 
 from __future__ import annotations
@@ -145,3 +147,19 @@ def test_writes_through_data_are_not_seen():
     next(model.parameters()).data.mul_(2.0)
     with pytest.raises(RuntimeError, match="was changed"):
         opt.end_sample()
+
+
+@pytest.mark.parametrize("info", CLASSES)
+def test_state_dict_is_refused_while_a_sample_is_open(info):
+    model = info.model()
+    opt = info.build(model, seed=3)
+    info.train(model, opt, 1)
+    match = r"state_dict\(\) was called while a posterior sample is open.*save between steps"
+    with opt.sampled_params(), pytest.raises(RuntimeError, match=match):
+        opt.state_dict()
+    before = opt.state_dict()
+    opt.begin_sample(train=True)
+    with pytest.raises(RuntimeError, match=match):
+        opt.state_dict()
+    opt.end_sample(discard=True)
+    assert_same(opt.state_dict(), before)

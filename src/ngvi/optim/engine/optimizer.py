@@ -239,6 +239,14 @@ class VariationalOptimizer(Optimizer):
         return mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
 
     def state_dict(self) -> dict[str, Any]:
+        """torch's state dict plus the engine's ``"ngvi"`` entry. Refused while a sample is open: the model's
+        parameters then hold θ, and a checkpoint of the model beside this one would resume from θ as μ."""
+        if self._in_sample:
+            raise RuntimeError(
+                f"{type(self).__name__}.state_dict() was called while a posterior sample is open: the "
+                "parameters hold the sample, not the mean, so a checkpoint taken now would resume from the "
+                "sample; save between steps (outside sampled_params(), or after end_sample())"
+            )
         out = super().state_dict()
         out["state"] = {k: v for k, v in out["state"].items() if v}  # a look-up may leave an empty entry
         return {**out, "ngvi": state_checks.engine_state(self)}

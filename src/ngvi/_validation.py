@@ -123,9 +123,14 @@ def model(value: Any, owner: str, why: str) -> Any:
     return value
 
 
+#: the dtypes ε can be drawn in (what ``Tensor.normal_`` fills; float8 types it does not)
+NOISE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def noise_dtype(value: Any) -> Any:
-    if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
-        raise ValueError(f"noise_dtype must be a floating torch.dtype or None, got {value!r}")
+    if value is not None and not (isinstance(value, torch.dtype) and value in NOISE_DTYPES):
+        names = ", ".join(str(d) for d in NOISE_DTYPES)
+        raise ValueError(f"noise_dtype must be one of {names} or None (the parameter's dtype), got {value!r}")
     return value
 
 

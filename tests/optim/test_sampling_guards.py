@@ -5,6 +5,9 @@
   sample discarded (:mod:`ngvi.optim.engine.sample_guard`).
 * ``state_dict()`` is refused while a sample is open, as copying and ``load_state_dict()`` are: the model's
   parameters hold θ then, and a checkpoint would resume from θ as if it were μ.
+* The state dict records ``noise=`` and ``noise_dtype=``; a state saved with other ones is refused at load,
+  naming both (an antithetic pair saved half-way would not be completed); older states without them load.
+  ``noise_dtype`` is checked at construction.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import warnings
 import pytest
 import torch
 
-from optimizer_db import assert_same, params_of, trainers
+from optimizer_db import BY_NAME, assert_same, params_of, saved, trainers
 
 ENGINE = trainers(lambda i: i.engine and i.manual_form == "samples")
 #: one entry per class: the 13 sampling optimizers
@@ -163,3 +166,74 @@ def test_state_dict_is_refused_while_a_sample_is_open(info):
         opt.state_dict()
     opt.end_sample(discard=True)
     assert_same(opt.state_dict(), before)
+
+
+def _ivon(**kw):
+    info = BY_NAME["ivon"]
+    model = info.model()
+    return info, model, info.build(model, seed=5, **kw)
+
+
+def test_an_antithetic_checkpoint_mid_pair_is_refused_by_normal_noise():
+    info, model, opt = _ivon(noise="antithetic")
+    info.train(model, opt, 1)  # the first sample of a pair: the checkpoint is taken half-way through it
+    state = saved(opt.state_dict())
+    assert state["ngvi"]["noise"] == "antithetic" and "pair_start" in state["ngvi"]
+    other = _ivon(noise="normal")[2]
+    before = saved(other.state_dict())
+    match = (
+        r"saved with noise='antithetic', this optimizer has noise='normal'.*build it with noise='antithetic'"
+    )
+    with pytest.raises(ValueError, match=match):
+        other.load_state_dict(state)
+    assert_same(saved(other.state_dict()), before)
+    _, twin_model, twin = _ivon(noise="antithetic")  # the same options resume the same run
+    twin_model.load_state_dict(model.state_dict())
+    twin.load_state_dict(state)
+    assert_same(info.train(twin_model, twin, 2), info.train(model, opt, 2))
+
+
+def test_a_checkpoint_of_another_noise_dtype_is_refused():
+    info, model, opt = _ivon(noise_dtype=torch.float32)
+    info.train(model, opt, 1)
+    state = saved(opt.state_dict())
+    assert state["ngvi"]["noise_dtype"] == "float32"
+    _, _, other = _ivon()
+    match = r"saved with noise_dtype=torch.float32, this optimizer has noise_dtype=None"
+    with pytest.raises(ValueError, match=match):
+        other.load_state_dict(state)
+
+
+def test_a_checkpoint_without_the_noise_fields_still_loads():
+    """States saved before the fields existed: the noise options are unknown, so they are accepted."""
+    info, model, opt = _ivon(noise="antithetic")
+    info.train(model, opt, 1)
+    state = saved(opt.state_dict())
+    del state["ngvi"]["noise"], state["ngvi"]["noise_dtype"]
+    _, twin_model, twin = _ivon(noise="antithetic")
+    twin_model.load_state_dict(model.state_dict())
+    twin.load_state_dict(state)
+    assert_same(info.train(twin_model, twin, 2), info.train(model, opt, 2))
+
+
+@pytest.mark.parametrize(("key", "value"), [("noise", "uniform"), ("noise", None), ("noise_dtype", "int8")])
+def test_bad_noise_fields_are_refused(key, value):
+    state = saved(_ivon()[2].state_dict())
+    state["ngvi"][key] = value
+    with pytest.raises(ValueError, match=rf"'ngvi'/'{key}' must be one of"):
+        _ivon()[2].load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64, torch.int64, "float32"]
+)
+@pytest.mark.parametrize("info", CLASSES)
+def test_a_noise_dtype_that_cannot_be_drawn_is_refused_at_construction(info, dtype):
+    with pytest.raises(ValueError, match=r"noise_dtype must be one of torch.float16, .* got"):
+        info.build(info.model(), noise_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_every_accepted_noise_dtype_draws(dtype):
+    info, model, opt = _ivon(noise_dtype=dtype)
+    info.train(model, opt, 1)

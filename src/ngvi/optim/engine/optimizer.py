@@ -211,9 +211,9 @@ class VariationalOptimizer(Optimizer):
         super().add_param_group(param_group)
         try:
             names = {id(p): n for n, p in self.model.named_parameters()} if self.takes_model else None
-            check.nonempty_params(
-                type(self).__name__, self.param_groups[-1]["params"], len(self.param_groups) - 1, names
-            )
+            where = (type(self).__name__, self.param_groups[-1]["params"], len(self.param_groups) - 1, names)
+            check.nonempty_params(*where)
+            check.no_dtensor(*where)  # FSDP2's sharded parameters: the noise would not reach the model
             self._check_group(self.param_groups[-1])
         except ValueError:
             self.param_groups.pop()  # a refused group leaves the optimizer as it was

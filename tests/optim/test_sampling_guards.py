@@ -131,6 +131,20 @@ def test_a_change_in_a_block_that_raised_warns_and_the_error_propagates():
     assert_same(params_of(model), mean)
 
 
+def test_a_change_in_a_discarded_sample_warns():
+    """end_sample(discard=True) is what a framework calls from its error handler: it warns, not raises."""
+    info = CLASSES[0].values[0]
+    model = info.model()
+    opt = info.build(model, seed=3)
+    mean = params_of(model)
+    opt.begin_sample(train=True)
+    _load_other(model)
+    with pytest.warns(RuntimeWarning, match=rf"{NAMED}.* was changed while a posterior sample was open"):
+        opt.end_sample(discard=True)
+    assert not opt.in_sample
+    assert_same(params_of(model), mean)
+
+
 def test_an_unchanged_sample_gives_no_warning():
     info = CLASSES[0].values[0]
     model = info.model()

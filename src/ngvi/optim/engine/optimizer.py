@@ -304,7 +304,7 @@ class VariationalOptimizer(Optimizer):
         The parameters must not be changed while the sample is open (``model.load_state_dict()``,
         ``model.double()``, in-place writes): restoring μ would undo the change, so it is refused: μ is
         restored, the sample discarded, and a RuntimeError names the parameter (:mod:`.sample_guard`; a
-        warning where the ``sampled_params()`` block raised). Make such changes between steps."""
+        warning where the sample is discarded anyway). Make such changes between steps."""
         if not self._in_sample:
             raise RuntimeError(
                 f"{type(self).__name__}.end_sample(): no sample is open (begin_sample() first)"
@@ -354,7 +354,7 @@ class VariationalOptimizer(Optimizer):
             try:  # in the plugins' scope (the hooks' records): ĥ at θ, then ĝ (and the rest) at μ
                 try:
                     if sample.perturb:  # a change to the parameters since the draw: refused, not undone
-                        sample_guard.check(self, error)
+                        sample_guard.check(self, discard=discard or error is not None)
                     if keep and self.curvature_reads_sample:
                         self.accumulator.add_sample(self, sample.keep_grad_refs)
                 finally:

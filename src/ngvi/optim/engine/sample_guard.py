@@ -5,7 +5,7 @@ A draw rebinds each parameter to a new tensor holding θ and keeps μ in the old
 ``model.double()`` or ``.to()``, an in-place ``p.add_()`` under ``no_grad``) lands in θ's tensor or replaces
 it, and restoring μ would undo it without a word. The engine refuses it instead (the choice is explained in
 docs/ARCHITECTURE.md, "Changing the parameters inside a sample"): μ is restored, the sample is discarded and
-``end_sample()`` raises a RuntimeError naming the parameter.
+``end_sample()`` raises a RuntimeError naming the parameter (a discarded sample warns instead).
 
 The check reads metadata only, O(number of parameters) in Python, with no tensor values read and so no
 host-device sync: the tensor each parameter is bound to (its data pointer; θ's tensor is kept alive until
@@ -54,9 +54,10 @@ def changes(bound_at_draw: Bound) -> list[tuple[Tensor, str]]:
     return out
 
 
-def check(opt: Any, error: BaseException | None) -> None:
-    """Raise a RuntimeError if a parameter of ``opt`` changed since the draw; where the sample closes
-    because its block raised ``error``, warn instead, so that the block's own error propagates."""
+def check(opt: Any, *, discard: bool) -> None:
+    """Raise a RuntimeError if a parameter of ``opt`` changed since the draw. Where the sample is discarded
+    (its block raised, or ``end_sample(discard=True)``, which frameworks call from their error handlers),
+    warn instead: raising there would replace the error being handled."""
     changed = changes(opt._bound)
     if not changed:
         return
@@ -68,7 +69,7 @@ def check(opt: Any, error: BaseException | None) -> None:
         "sample discarded and the change refused: make such changes (model.load_state_dict(), model.double() "
         "or .to(), in-place writes) between steps, outside sampled_params() or after end_sample()"
     )
-    if error is None:
+    if not discard:
         raise RuntimeError(message)
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 

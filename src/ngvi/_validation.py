@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import warnings
 from typing import Any
 
@@ -123,9 +124,14 @@ def model(value: Any, owner: str, why: str) -> Any:
     return value
 
 
+#: the dtypes ε can be drawn in (what ``Tensor.normal_`` fills; float8 types it does not)
+NOISE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def noise_dtype(value: Any) -> Any:
-    if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
-        raise ValueError(f"noise_dtype must be a floating torch.dtype or None, got {value!r}")
+    if value is not None and not (isinstance(value, torch.dtype) and value in NOISE_DTYPES):
+        names = ", ".join(str(d) for d in NOISE_DTYPES)
+        raise ValueError(f"noise_dtype must be one of {names} or None (the parameter's dtype), got {value!r}")
     return value
 
 
@@ -171,3 +177,32 @@ def nonempty_params(owner: str, params: list[Any], group_index: int, names: dict
                 f"{owner}: parameter {where} has shape {tuple(p.shape)} and no elements; remove its layer "
                 "or freeze it (requires_grad_(False)) before creating the optimizer"
             )
+
+
+def no_dtensor(owner: str, params: list[Any], group_index: int, names: dict[int, str] | None) -> None:
+    """ValueError naming the first parameter that is a DTensor (FSDP2's ``fully_shard``,
+    ``distribute_tensor``): the engine rebinds each parameter's data to a sample, which does not reach the
+    shards, so every rule would train without noise. DDP keeps whole parameters and is supported."""
+    dtensor = _dtensor_class()
+    if dtensor is None:
+        return
+    for j, p in enumerate(params):
+        if isinstance(p, dtensor):
+            name = (names or {}).get(id(p))
+            where = f"'{name}'" if name else f"param_groups[{group_index}]['params'][{j}]"
+            raise ValueError(
+                f"{owner}: parameter {where} is a DTensor (sharded by FSDP2's fully_shard, or made by "
+                "distribute_tensor): ngvi's optimizers do not support sharded parameters yet, their weight "
+                "noise would not reach the model; train with torch.nn.parallel.DistributedDataParallel "
+                "(DDP), which keeps whole parameters on every rank"
+            )
+
+
+def _dtensor_class() -> type | None:
+    """torch's DTensor class if its module is loaded (no DTensor can exist otherwise): nothing is imported,
+    so this costs nothing where torch.distributed is unused or unavailable."""
+    for module in ("torch.distributed.tensor._api", "torch.distributed._tensor.api"):
+        cls = getattr(sys.modules.get(module), "DTensor", None)
+        if isinstance(cls, type):
+            return cls
+    return None

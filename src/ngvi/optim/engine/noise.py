@@ -43,6 +43,11 @@ class NoiseCheckpoint:
     negated: bool
 
 
+def dtype_name(dtype: torch.dtype | None) -> str | None:
+    """``torch.float32`` → ``"float32"`` (plain strings keep ``torch.load(weights_only=True)`` working)."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 class NoiseSource:
     """Seeded standard-normal draws for the parameters, with kept buffers where the rule reads ε.
 
@@ -204,7 +209,14 @@ class NoiseSource:
 
     # -- persistence ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seed": self.seed, "rng": self.rng_state(), "num_draws": self.num_draws}
+        out: dict[str, Any] = {
+            "seed": self.seed,
+            "rng": self.rng_state(),
+            "num_draws": self.num_draws,
+            # the stream's kind, checked at load (state_checks): another one would resume another run
+            "noise": self.mode,
+            "noise_dtype": dtype_name(self.dtype),
+        }
         if self.pair_start is not None:  # mid antithetic pair: ε is redrawn from here on load
             out["pair_start"] = self.pair_start
         return out

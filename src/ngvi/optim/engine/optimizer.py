@@ -26,7 +26,7 @@ from ..._tensorlist import TensorList
 from ...curvature.estimators import CurvatureEstimator, estimator_for
 from ...posterior import DiagonalGaussian
 from .. import diagnostics as _diagnostics
-from . import group_keys, mixed_precision, state_checks
+from . import group_keys, mixed_precision, sample_guard, state_checks
 from .accumulator import SampleAccumulator
 from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
@@ -106,6 +106,7 @@ class VariationalOptimizer(Optimizer):
         "_backward_done",
         "_rng_checkpoint",
         "_pending_checks",
+        "_bound",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -160,6 +161,7 @@ class VariationalOptimizer(Optimizer):
 
     def _init_transient(self) -> None:
         self._means: dict[Tensor, Tensor] = {}  # μ while the parameters hold a sample
+        self._bound: sample_guard.Bound = {}  # θ's tensors and version counters, checked at end_sample
         self._sqrt_prec: dict[Tensor, Tensor] = {}  # √precision of the current sample (needs_noise)
         self._in_sample = False
         self._open_sample: _OpenSample | None = None  # what end_sample() closes
@@ -225,9 +227,9 @@ class VariationalOptimizer(Optimizer):
         super().add_param_group(param_group)
         try:
             names = {id(p): n for n, p in self.model.named_parameters()} if self.takes_model else None
-            check.nonempty_params(
-                type(self).__name__, self.param_groups[-1]["params"], len(self.param_groups) - 1, names
-            )
+            where = (type(self).__name__, self.param_groups[-1]["params"], len(self.param_groups) - 1, names)
+            check.nonempty_params(*where)
+            check.no_dtensor(*where)  # FSDP2's sharded parameters: the noise would not reach the model
             self._check_group(self.param_groups[-1])
         except ValueError:
             self.param_groups.pop()  # a refused group leaves the optimizer as it was
@@ -253,6 +255,14 @@ class VariationalOptimizer(Optimizer):
         return mixed_precision.mean(self, p, self._means.get(p) if self._in_sample else None)
 
     def state_dict(self) -> dict[str, Any]:
+        """torch's state dict plus the engine's ``"ngvi"`` entry. Refused while a sample is open: the model's
+        parameters then hold θ, and a checkpoint of the model beside this one would resume from θ as μ."""
+        if self._in_sample:
+            raise RuntimeError(
+                f"{type(self).__name__}.state_dict() was called while a posterior sample is open: the "
+                "parameters hold the sample, not the mean, so a checkpoint taken now would resume from the "
+                "sample; save between steps (outside sampled_params(), or after end_sample())"
+            )
         self.check_finite()  # a checkpoint never holds a step the device flagged but nobody read
         out = super().state_dict()
         out["state"] = {k: v for k, v in out["state"].items() if v}  # a look-up may leave an empty entry
@@ -308,7 +318,12 @@ class VariationalOptimizer(Optimizer):
     def end_sample(self, discard: bool = False) -> None:
         """Restore μ. With ``train=True`` the gradients now in ``p.grad`` are one MC sample for ``step()``,
         unless ``discard``: then the sample is dropped and its noise rolled back, as if never drawn (what a
-        framework should do when the forward or backward pass raised)."""
+        framework should do when the forward or backward pass raised).
+
+        The parameters must not be changed while the sample is open (``model.load_state_dict()``,
+        ``model.double()``, in-place writes): restoring μ would undo the change, so it is refused: μ is
+        restored, the sample discarded, and a RuntimeError names the parameter (:mod:`.sample_guard`; a
+        warning where the sample is discarded anyway). Make such changes between steps."""
         if not self._in_sample:
             raise RuntimeError(
                 f"{type(self).__name__}.end_sample(): no sample is open (begin_sample() first)"
@@ -330,6 +345,7 @@ class VariationalOptimizer(Optimizer):
         self._backward_done = False
         if perturb:
             draw(self, train)  # on error: parameters and noise as before
+            self._bound = sample_guard.bound(self._means)
         self._in_sample = True  # plugins see the sample (mean_of gives μ)
         plugins = contextlib.ExitStack()
         try:
@@ -356,6 +372,8 @@ class VariationalOptimizer(Optimizer):
         try:
             try:  # in the plugins' scope (the hooks' records): ĥ at θ, then ĝ (and the rest) at μ
                 try:
+                    if sample.perturb:  # a change to the parameters since the draw: refused, not undone
+                        sample_guard.check(self, discard=discard or error is not None)
                     if keep and self.curvature_reads_sample:
                         self.accumulator.add_sample(self, sample.keep_grad_refs)
                 finally:
@@ -387,6 +405,7 @@ class VariationalOptimizer(Optimizer):
         for p, mean in self._means.items():  # μ never left its tensors: rebind (see perturbation)
             p.data = mean
         self._means.clear()  # θ's tensors are freed: the update's temporaries can use the memory
+        self._bound = {}
 
     # -- backward, accumulation and the step --------------------------------------------------------------
     def backward(self, loss: Tensor, output: Tensor | None = None) -> None:

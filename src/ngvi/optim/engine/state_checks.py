@@ -16,11 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..._validation import NOISE_DTYPES
 from . import mixed_precision
+from .noise import NOISES, dtype_name
 
 #: state entries a rule creates only when an option needs them (heavy-ball buffers)
 OPTIONAL_STATE = frozenset({"momentum_buffer"})
 _COUNTERS = ("seed", "num_steps", "skipped_steps", "num_draws")
+_DTYPE_NAMES = (None, *(dtype_name(d) for d in NOISE_DTYPES))
 
 
 def engine_state(opt: Any) -> dict[str, Any]:
@@ -70,6 +73,7 @@ def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
     if saved_class != name:
         raise ValueError(f"{name}.load_state_dict: the state was saved by {saved_class}, not {name}")
     _check_counters(name, extra)
+    _check_noise(opt, name, extra)
     groups, state = state_dict.get("param_groups"), state_dict.get("state")
     if not isinstance(groups, list) or not isinstance(state, dict):
         raise ValueError(
@@ -135,6 +139,32 @@ def _check_counters(name: str, extra: dict[str, Any]) -> None:
             raise ValueError(
                 f"{name}.load_state_dict: bad generator state for device {dev!r}: {err}"
             ) from None
+
+
+def _check_noise(opt: Any, name: str, extra: dict[str, Any]) -> None:
+    """The state's ``noise=`` and ``noise_dtype=`` must be this optimizer's: another kind of noise resumes
+    another run (an antithetic pair saved half-way would not be completed). States saved before they were
+    recorded lack them and are accepted."""
+    source = opt.noise_source
+    checks = (("noise", source.mode, NOISES), ("noise_dtype", dtype_name(source.dtype), _DTYPE_NAMES))
+    for key, here, accepted in checks:
+        if key not in extra:
+            continue
+        saved = extra[key]
+        if not (saved is None or isinstance(saved, str)) or saved not in accepted:
+            raise ValueError(
+                f"{name}.load_state_dict: 'ngvi'/{key!r} must be one of {accepted}, got {saved!r}"
+            )
+        if saved != here:
+            shown, now = (_shown(key, v) for v in (saved, here))
+            raise ValueError(
+                f"{name}.load_state_dict: the state was saved with {key}={shown}, this optimizer has "
+                f"{key}={now}: the resumed run would draw other noise; build it with {key}={shown}"
+            )
+
+
+def _shown(key: str, value: str | None) -> str:
+    return f"torch.{value}" if key == "noise_dtype" and value is not None else repr(value)
 
 
 def _check_group(opt: Any, gi: int, saved: Any, group: dict[str, Any]) -> None:

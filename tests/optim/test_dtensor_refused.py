@@ -1,0 +1,76 @@
+"""FSDP2's sharded parameters are refused until they are supported (issue 31, item 17).
+
+Under ``fully_shard`` every parameter is a DTensor; the engine rebinds a parameter's data to its sample θ,
+which does not reach the shards, so each rule trained silently without noise. Every engine trainer now
+refuses DTensor parameters at construction and in ``add_param_group``, naming DDP as the supported way. One
+gloo process group of one rank on CPU (a file store) is enough to build them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ngvi
+from ngvi import _validation as check
+from optimizer_db import trainers
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available in this torch build", allow_module_level=True)
+
+ENGINE = trainers(lambda i: i.engine)
+CLASSES = [p for i, p in enumerate(ENGINE) if p.values[0].cls not in {q.values[0].cls for q in ENGINE[:i]}]
+REFUSED = (
+    r"parameter .* is a DTensor \(sharded by FSDP2's fully_shard.*not support sharded parameters.*"
+    r"torch\.nn\.parallel\.DistributedDataParallel \(DDP\)"
+)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    store = tmp_path_factory.mktemp("gloo") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _sharded(model: nn.Module, mesh) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model, mesh=mesh)
+    assert all(type(p).__name__ == "DTensor" for p in model.parameters())
+    return model
+
+
+def test_every_class_is_covered():
+    assert len(CLASSES) == 13  # every class built on the engine (MAP and MC dropout are torch Adam)
+
+
+@pytest.mark.parametrize("info", CLASSES)
+def test_a_fully_sharded_model_is_refused_naming_ddp(info, mesh):
+    model = _sharded(info.model(), mesh)
+    with pytest.raises(ValueError, match=REFUSED):
+        info.build(model)
+
+
+def test_a_dtensor_group_is_refused_and_the_optimizer_is_left_as_it_was(mesh):
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    model = nn.Linear(3, 1).double()
+    opt = ngvi.IVON(model.parameters(), 10)
+    extra = nn.Parameter(distribute_tensor(torch.zeros(2, dtype=torch.float64), mesh, [Replicate()]))
+    with pytest.raises(ValueError, match=r"parameter param_groups\[1\]\['params'\]\[0\] is a DTensor"):
+        opt.add_param_group({"params": [extra]})
+    assert len(opt.param_groups) == 1
+
+
+def test_plain_tensors_pass():
+    check.no_dtensor("IVON", [torch.zeros(2, requires_grad=True)], 0, None)

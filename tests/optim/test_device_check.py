@@ -9,35 +9,13 @@ finite, and a non-finite step changes nothing.
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import ngvi
+from host_reads import OpCounter
 from ngvi.optim.engine.device_check import masked, nonfinite_flags
 from optimizer_db import TRAINERS, assert_same, params_of, trainers
-
-#: the ATen ops that read a tensor's value back to the host (a device sync on an accelerator)
-SYNC_OPS = frozenset({"aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.nonzero"})
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts every ATen op dispatched inside the block, by overload packet name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def syncs(self) -> dict[str, int]:
-        return {k: v for k, v in self.ops.items() if k in SYNC_OPS}
-
 
 MASKABLE = [info for info in TRAINERS if info.engine and info.cls.maskable_update]
 

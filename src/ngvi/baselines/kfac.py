@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.kfac import damped_inverse, pi_split
+from ..curvature.kfac import Factorisation, factorise, inverse, pi_split
 from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
 from ..optim.diagnostics import Diagnostics
@@ -118,11 +118,16 @@ class KFAC(KroneckerFamily):
         """λ̃ = λ/N, the ℓ2 term (added to the gradient and to the damping)."""
         return group["prior_prec"] / group["data_size"]
 
-    def _inverses(self, group: dict[str, Any], a: Tensor, s: Tensor) -> dict[str, Tensor]:
-        """(S + √γ/π I)⁻¹ and (A + π√γ I)⁻¹ with γ = λ̃ + γ_ex (no sampling roots)."""
+    def _factorisations(self, group: dict[str, Any], a: Tensor, s: Tensor) -> list[Factorisation]:
+        """A + π√γ I and S + √γ/π I with γ = λ̃ + γ_ex (no sampling roots)."""
         root = math.sqrt(self.intrinsic_damping(group) + group["damping"])
         pi = pi_split(a, s)
-        return {"A_inv": damped_inverse(a, pi * root), "S_inv": damped_inverse(s, root / pi)}
+        return [factorise(a, pi * root), factorise(s, root / pi)]
+
+    def _inverses_from(self, group, factorisations, ok):
+        """(A + π√γ I)⁻¹ and (S + √γ/π I)⁻¹."""
+        a_inv, s_inv = (inverse(f, ok) for f in factorisations)
+        return {"A_inv": a_inv, "S_inv": s_inv}
 
     def point_estimate(self, p: Tensor) -> bool:
         return True  # every weight: sampled_params() leaves it as it is, and it has no posterior variance

@@ -24,6 +24,8 @@ Half-precision factors are handled in float32.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -37,38 +39,71 @@ def pi_split(a: Tensor, s: Tensor) -> Tensor:
     return ratio.sqrt()
 
 
-def damped_inverses(x: Tensor, c_root: Tensor, c_inverse: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, (X + c_inverse·I)⁻¹) for a batch x [G, d, d] of PSD matrices; c_* are [G] dampings > 0."""
+@dataclass
+class Factorisation:
+    """A batch of damped factors X + cᵢ·I, Cholesky-factorised but not yet checked: no value has been read
+    back, so the factorisations of every layer can be checked with one host read (:func:`all_succeeded`)."""
+
+    x: Tensor  # the symmetrised factors [G, d, d], in the working dtype
+    dtype: torch.dtype  # the factors' own dtype (the results are cast back to it)
+    dampings: tuple[Tensor, ...]  # each [G, 1, 1]
+    chols: tuple[Tensor, ...]  # the Cholesky factor of X + c·I for each damping
+    ok: Tensor  # 0-dim bool: every factorisation succeeded
+
+
+def factorise(x: Tensor, *dampings: Tensor) -> Factorisation:
+    """Cholesky factorisations of X + c·I for a batch x [G, d, d] of PSD matrices and each damping c [G] > 0
+    (half-precision factors in float32), with their success as a device flag."""
     dtype = x.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     x = x.to(work)
     x = 0.5 * (x + x.mT)
     eye = torch.eye(x.shape[-1], dtype=work, device=x.device)
-    c_root, c_inverse = c_root.to(work)[:, None, None], c_inverse.to(work)[:, None, None]
-    chol_root, info_root = torch.linalg.cholesky_ex(x + c_root * eye)
-    chol_inv, info_inv = torch.linalg.cholesky_ex(x + c_inverse * eye)
-    if bool((info_root == 0).all()) and bool((info_inv == 0).all()):
-        root = torch.linalg.solve_triangular(chol_root.mT, eye.expand_as(x), upper=True)
+    cs = tuple(c.to(work)[:, None, None] for c in dampings)
+    chols, infos = zip(*(torch.linalg.cholesky_ex(x + c * eye) for c in cs), strict=True)
+    ok = torch.stack([(info == 0).all() for info in infos]).all()
+    return Factorisation(x, dtype, cs, chols, ok)
+
+
+def all_succeeded(factorisations: list[Factorisation]) -> bool:
+    """Whether every factorisation succeeded: one host read for all of them (an inversion step's only one)."""
+    if not factorisations:
+        return True
+    return bool(torch.stack([f.ok for f in factorisations]).all())
+
+
+def roots_and_inverse(f: Factorisation, ok: bool | None = None) -> tuple[Tensor, Tensor]:
+    """(B, (X + c_inverse·I)⁻¹) from ``factorise(x, c_root, c_inverse)``: B is the inverse transpose of the
+    Cholesky factor, BBᵀ = (X + c_root·I)⁻¹. ``ok`` is the factorisations' success if already read (else
+    read here); on failure the clamped eigendecomposition is used instead."""
+    (c_root, c_inverse), (chol_root, chol_inv) = f.dampings, f.chols
+    if ok or bool(f.ok):  # a failed batch reads each factorisation's own flag
+        eye = torch.eye(f.x.shape[-1], dtype=f.x.dtype, device=f.x.device)
+        root = torch.linalg.solve_triangular(chol_root.mT, eye.expand_as(f.x), upper=True)
         inverse = torch.cholesky_inverse(chol_inv)
     else:
-        evals, evecs = torch.linalg.eigh(x)
+        evals, evecs = torch.linalg.eigh(f.x)
         evals = evals.clamp(min=0).unsqueeze(-2)
         root = evecs * (evals + c_root).rsqrt()
         inverse = (evecs / (evals + c_inverse)) @ evecs.mT
-    return root.to(dtype), inverse.to(dtype)
+    return root.to(f.dtype), inverse.to(f.dtype)
+
+
+def inverse(f: Factorisation, ok: bool | None = None) -> Tensor:
+    """(X + c·I)⁻¹ from ``factorise(x, c)`` (``ok`` as for :func:`roots_and_inverse`)."""
+    (c,), (chol,) = f.dampings, f.chols
+    if ok or bool(f.ok):
+        return torch.cholesky_inverse(chol).to(f.dtype)
+    evals, evecs = torch.linalg.eigh(f.x)
+    return ((evecs / (evals.clamp(min=0).unsqueeze(-2) + c)) @ evecs.mT).to(f.dtype)
+
+
+def damped_inverses(x: Tensor, c_root: Tensor, c_inverse: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, (X + c_inverse·I)⁻¹) for a batch x [G, d, d] of PSD matrices; c_* are [G] dampings > 0."""
+    return roots_and_inverse(factorise(x, c_root, c_inverse))
 
 
 def damped_inverse(x: Tensor, c: Tensor) -> Tensor:
     """(X + c·I)⁻¹ alone, for a batch x [G, d, d] of PSD matrices and dampings c [G] > 0 (K-FAC's update
     needs no sampling root): one Cholesky factorisation, or the clamped eigendecomposition if it fails."""
-    dtype = x.dtype
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    x = x.to(work)
-    x = 0.5 * (x + x.mT)
-    eye = torch.eye(x.shape[-1], dtype=work, device=x.device)
-    c = c.to(work)[:, None, None]
-    chol, info = torch.linalg.cholesky_ex(x + c * eye)
-    if bool((info == 0).all()):
-        return torch.cholesky_inverse(chol).to(dtype)
-    evals, evecs = torch.linalg.eigh(x)
-    return ((evecs / (evals.clamp(min=0).unsqueeze(-2) + c)) @ evecs.mT).to(dtype)
+    return inverse(factorise(x, c))

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from .. import _validation as check
 from ..curvature.hooks import CurvatureHooks
+from ..curvature.kfac import Factorisation, all_succeeded
 from ..curvature.layer import KroneckerFactors, LayerCurvature
 from ..posterior import join_block, split_block
 from . import _nng_prior as nng
@@ -184,7 +185,18 @@ class KroneckerFamily(VariationalOptimizer):
     # The block-diagonal K-FAC step (NoisyKFAC, KFAC): factors per layer, a member's ``_inverses``
     # ----------------------------------------------------------------------------------------------------
     def _inverses(self, group: dict[str, Any], a: Tensor, s: Tensor) -> dict[str, Tensor]:
-        """At least ``A_inv`` and ``S_inv``, the damped inverses of eq. 13."""
+        """At least ``A_inv`` and ``S_inv``, the damped inverses of eq. 13 (one host read of its own)."""
+        return self._inverses_from(group, self._factorisations(group, a, s), None)
+
+    def _factorisations(self, group: dict[str, Any], a: Tensor, s: Tensor) -> list[Factorisation]:
+        """The layer's damped factors, factorised without reading back whether that succeeded."""
+        raise NotImplementedError
+
+    def _inverses_from(
+        self, group: dict[str, Any], factorisations: list[Factorisation], ok: bool | None
+    ) -> dict[str, Tensor]:
+        """The inverses from the layer's factorisations; ``ok``: whether every layer's succeeded, read once
+        for all layers of a step (None: read here)."""
         raise NotImplementedError
 
     def _init_state(self, group, p, state):
@@ -210,7 +222,7 @@ class KroneckerFamily(VariationalOptimizer):
         params = self.accumulator.params(group)  # the engine's order of means/grads
         gamma_in = self.intrinsic_damping(group)
         invert = self._inverting(group)
-        pending = []  # computed for every layer first, committed after: an error leaves the state as it was
+        layers = []  # (12) for every layer first: all factorisations are then checked with one host read
         for i, ks in self._positions(params):
             st = states[ks[0]]
             new: dict[str, Any] = {}
@@ -222,8 +234,12 @@ class KroneckerFamily(VariationalOptimizer):
                 weight = self._factor_step(group, count)  # (12), over the step's own Â, Ŝ (then discarded)
                 a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, weight, into_hats=True)
                 new.update(factor_A=a, factor_S=s, factor_updates=count)
+            layers.append((i, ks, st, new, self._factorisations(group, a, s) if invert else []))
+        ok = all_succeeded([f for *_, factorisations in layers for f in factorisations]) if invert else None
+        pending = []  # computed for every layer first, committed after: an error leaves the state as it was
+        for i, ks, st, new, factorisations in layers:
             if invert:
-                new.update(self._inverses(group, a, s))  # (13)
+                new.update(self._inverses_from(group, factorisations, ok))  # (13)
             a_inv, s_inv = new.get("A_inv", st["A_inv"]), new.get("S_inv", st["S_inv"])
             step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹
                 [grads[k] for k in ks], [means[k] for k in ks], a_inv, s_inv, gamma_in=gamma_in

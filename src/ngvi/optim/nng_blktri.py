@@ -157,16 +157,19 @@ class NNGBlkTri(KroneckerFamily):
         """Both chain factorisations (damping γ_in and γ) of the damped factors; returns per-layer state."""
         gamma_in = self.intrinsic_damping(group)
         out: list[dict[str, Tensor]] = [{} for _ in factors]
+        half = (torch.float16, torch.bfloat16)  # their factors are handled in float32
+        worked = [
+            tuple(f[k].float() if f[k].dtype in half else f[k] for k in ("factor_A", "factor_S"))
+            for f in factors
+        ]
+        # every layer's π, read back once for the chain (not once per layer and damping)
+        pis = torch.stack([pi_split(a[None], s[None])[0].double() for a, s in worked]).tolist()
         for suffix, damping in (("_in", gamma_in), ("", gamma_in + group["damping"])):
             root = math.sqrt(damping)
             rows_d, cols_d = [], []
-            for f in factors:
-                a, s = f["factor_A"], f["factor_S"]
-                work = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
-                a, s = a.to(work), s.to(work)
-                pi = float(pi_split(a[None], s[None])[0])
-                cols_d.append(a + pi * root * torch.eye(a.shape[0], dtype=work, device=a.device))
-                rows_d.append(s + root / pi * torch.eye(s.shape[0], dtype=work, device=s.device))
+            for (a, s), pi in zip(worked, pis, strict=True):
+                cols_d.append(a + pi * root * torch.eye(a.shape[0], dtype=a.dtype, device=a.device))
+                rows_d.append(s + root / pi * torch.eye(s.shape[0], dtype=s.dtype, device=s.device))
             row_cross = [f["factor_S_next"].to(rows_d[0].dtype) for f in factors[:-1]]
             col_cross = [f["factor_A_next"].to(rows_d[0].dtype) for f in factors[:-1]]
             chain = chain_factors(rows_d, cols_d, row_cross, col_cross)

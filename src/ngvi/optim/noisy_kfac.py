@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from .. import _validation as check
 from .._tensorlist import TensorList
-from ..curvature.kfac import damped_inverses, pi_split
+from ..curvature.kfac import Factorisation, factorise, pi_split, roots_and_inverse
 from ..curvature.layer import KroneckerFactors
 from ..curvature.likelihoods import Likelihood
 from ..posterior import KroneckerBlock, KroneckerGaussian
@@ -128,13 +128,16 @@ class NoisyKFAC(KroneckerFamily):
     # ----------------------------------------------------------------------------------------------------
     # The rule: the family's K-FAC step (:mod:`.kronecker`); here the sampling roots and the noise
     # ----------------------------------------------------------------------------------------------------
-    def _inverses(self, group: dict[str, Any], a: Tensor, s: Tensor) -> dict[str, Tensor]:
-        """Sampling roots (damping γ_in) and update inverses (damping γ) of both factors, eq. (13)."""
+    def _factorisations(self, group: dict[str, Any], a: Tensor, s: Tensor) -> list[Factorisation]:
+        """Eq. (13)'s factorisations of both factors: damping γ_in (the sampling roots) and γ (the update)."""
         gamma_in = self.intrinsic_damping(group)
         root_in, root = math.sqrt(gamma_in), math.sqrt(gamma_in + group["damping"])
         pi = pi_split(a, s)
-        a_root, a_inv = damped_inverses(a, pi * root_in, pi * root)
-        s_root, s_inv = damped_inverses(s, root_in / pi, root / pi)
+        return [factorise(a, pi * root_in, pi * root), factorise(s, root_in / pi, root / pi)]
+
+    def _inverses_from(self, group, factorisations, ok):
+        """Sampling roots and update inverses of both factors."""
+        (a_root, a_inv), (s_root, s_inv) = (roots_and_inverse(f, ok) for f in factorisations)
         return {"A_root": a_root, "A_inv": a_inv, "S_root": s_root, "S_inv": s_inv}
 
     def _perturb(self, group, params, noise, states):

@@ -10,6 +10,7 @@ import math
 import torch
 
 import ngvi
+from ngvi.experiments.bench import measure
 from ngvi.experiments.cli import main
 
 
@@ -201,3 +202,20 @@ def test_before_after_builds_each_version_s_own_classes(monkeypatch, capsys):
     for rule in before_after.RULES:
         assert type(before_after.build(before, rule, model)).__module__.startswith("ngvi_before.")
         assert type(before_after.build(ngvi, rule, model)).__module__.startswith("ngvi.")
+
+
+def test_the_language_model_and_the_chain_problems():
+    """``--models lm``: the GPT-style model's flattened logits against next-token targets (scaled down on the
+    CPU, full size on an accelerator); ``chain``: 128 small tensors, the CPU's launch-bound case."""
+    from ngvi.experiments.bench.lm import FULL, SMALL
+
+    tiny = measure.problems(True)["lm"]
+    x, y = tiny.data(torch.device("cpu"))
+    model = tiny.model(torch.device("cpu"))
+    logits = model(x)
+    assert x.shape == (2, 8) and y.shape == (16,) and logits.shape == (16, 32)
+    assert torch.equal(x[:, 1:].flatten(), y.view(2, 8)[:, :-1].flatten())  # targets are the next tokens
+    assert not any(p.requires_grad for p in (*model.tokens.parameters(), *model.positions.parameters()))
+    assert str(SMALL.blocks) in measure.problems(False)["lm"].name
+    assert f"{FULL.blocks}×{FULL.width}" in measure.problems(False, full_lm=True)["lm"].name
+    assert len(list(measure.problems(False)["chain"].build().parameters())) == 128

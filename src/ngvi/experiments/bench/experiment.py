@@ -8,7 +8,7 @@ import torch
 from ..core import args as types
 from ..core.runner import Experiment, Job, Run
 from .flops import kfac_flops, matmul_rate
-from .measure import environment, problems, run_problem, sweep_problem
+from .measure import DEFAULT_MODELS, environment, problems, run_problem, sweep_problem
 from .methods import KFAC_CYCLE, availability, methods
 from .report import SWEEP_METHODS, plot_scaling, table
 from .state_memory import measure as measure_state_memory
@@ -44,7 +44,13 @@ class Bench(Experiment):
             default=None,
             help=f"comma-separated subset of: {', '.join(methods(noise_variants=True))}",
         )
-        parser.add_argument("--models", type=types.names(("mlp", "cnn")), default=None, help="mlp, cnn")
+        parser.add_argument(
+            "--models",
+            type=types.names(("mlp", "cnn", "chain", "lm")),
+            default=None,
+            help="mlp, cnn, chain (many small tensors), lm (a GPT-style model: scaled down on the CPU, the "
+            "full 91M weights on an accelerator); default mlp,cnn,chain",
+        )
         parser.add_argument(
             "--sweep",
             type=lambda text: [types.positive_int(w) for w in text.split(",") if w.strip()],
@@ -68,7 +74,7 @@ class Bench(Experiment):
         return {
             "quick": quick,
             "methods": names,
-            "models": args.models or list(problems(quick)),
+            "models": args.models or list(DEFAULT_MODELS),
             **types.with_quick(args, DEFAULTS, QUICK),  # an explicit option wins over --quick
             "device": str(torch.device(args.device) if args.device else _default_device()),
             "threads": args.threads or torch.get_num_threads(),
@@ -96,7 +102,7 @@ class Bench(Experiment):
         if spec.get("state_memory"):
             return measure_state_memory(spec["quick"])
         if "problem" in spec:
-            problem = problems(spec["quick"])[spec["problem"]]
+            problem = problems(spec["quick"], full_lm=device.type != "cpu")[spec["problem"]]
             result = run_problem(
                 problem, chosen, device, spec["warmup"], spec["rounds"], spec["steps"], spec["memory"], None
             )

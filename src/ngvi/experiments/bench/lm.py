@@ -25,9 +25,10 @@ class LMConfig:
     batch: int = 16
 
 
-#: the full model (the GPU bench) and the CPU's scaled-down one
+#: the full model (the GPU bench), the CPU's scaled-down one and a smoke test's
 FULL = LMConfig()
 SMALL = LMConfig(blocks=2, width=64, heads=4, vocab=256, context=32, batch=8)
+TINY = LMConfig(blocks=1, width=16, heads=2, vocab=32, context=8, batch=2)
 
 
 class Block(nn.Module):

@@ -19,7 +19,15 @@ from torch import nn
 import ngvi
 
 from ..core import models
+from .lm import FULL, SMALL, TINY, LanguageModel, LMConfig
 from .methods import Method, Step
+
+
+class FlatLogits(LanguageModel):
+    """The language model with its logits as (batch·context, vocab) rows, for the bench's one closure."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids).flatten(0, 1)
 
 
 @dataclass(frozen=True)
@@ -28,9 +36,14 @@ class Problem:
     build: Callable[[], nn.Module]
     input_shape: tuple[int, ...]
     batch: int
+    #: the batch (x, y) from a seeded generator, where it is not Gaussian inputs and 10 classes
+    make_data: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def data(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(0)
+        if self.make_data is not None:
+            x, y = self.make_data(gen)
+            return x.to(device), y.to(device)
         x = torch.randn(self.batch, *self.input_shape, generator=gen)
         y = torch.randint(0, 10, (self.batch,), generator=gen)
         return x.to(device), y.to(device)
@@ -47,15 +60,40 @@ def mlp(width: int = 1000) -> nn.Module:
     return models.mlp(784, [width, width], 10, flatten=True)
 
 
-def problems(quick: bool) -> dict[str, Problem]:
+def chain(layers: int = 64, width: int = 64) -> nn.Module:
+    """Many small tensors: on the CPU the proxy of a launch-bound GPU (the per-tensor work dominates)."""
+    return nn.Sequential(*(m for _ in range(layers) for m in (nn.Linear(width, width), nn.Tanh())))
+
+
+def language_model(config: LMConfig) -> Problem:
+    """The GPT-style model of the GPU bench (:mod:`.lm`), its logits flattened to (batch·context, vocab)."""
+
+    def data(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.randint(0, config.vocab, (config.batch, config.context + 1), generator=gen)
+        return ids[:, :-1], ids[:, 1:].flatten()
+
+    name = f"LM {config.blocks}×{config.width}, vocabulary {config.vocab}, context {config.context}"
+    return Problem(f"{name}, batch {config.batch}", lambda: FlatLogits(config), (), config.batch, data)
+
+
+#: the problems a run times unless ``--models`` says otherwise (``lm`` is asked for by name)
+DEFAULT_MODELS = ("mlp", "cnn", "chain")
+
+
+def problems(quick: bool, full_lm: bool = False) -> dict[str, Problem]:
+    """The bench's problems; the language model at full size only with ``full_lm`` (an accelerator)."""
     if quick:
         return {
             "mlp": Problem("MLP 784-32-32-10", lambda: mlp(32), (784,), 16),
             "cnn": Problem("CNN 4-8 on 1×12×12", lambda: models.cnn(4, 12), (1, 12, 12), 8),
+            "chain": Problem("64 Linear 8-8 layers, batch 4", lambda: chain(64, 8), (8,), 4),
+            "lm": language_model(TINY),
         }
     return {
         "mlp": Problem("MLP 784-1000-1000-10, batch 256", mlp, (784,), 256),
         "cnn": Problem("CNN 32-64-128 on 1×28×28, batch 256", models.cnn, (1, 28, 28), 256),
+        "chain": Problem("64 Linear 64-64 layers (128 tensors), batch 8", chain, (64,), 8),
+        "lm": language_model(FULL if full_lm else SMALL),
     }
 
 

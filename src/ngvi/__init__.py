@@ -47,6 +47,7 @@ from .posterior import (
 )
 from .predict import predict
 from .pruning import apply_masks, prune_masks, pruned
+from .report import UncertaintyReport, uncertainty_report
 
 __all__ = [
     "IVON",
@@ -67,6 +68,7 @@ __all__ = [
     "PosteriorOptimizer",
     "PosteriorSampler",
     "PosteriorWarning",
+    "UncertaintyReport",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",
@@ -84,5 +86,6 @@ __all__ = [
     "pruning",
     "save_posterior",
     "symmetric_kl",
+    "uncertainty_report",
     "unwrap",
 ]

@@ -15,6 +15,8 @@ Bayesian deep learning as easy as training with Adam::
 """
 
 from . import baselines, curvature, metrics, pruning
+from ._version import __version__ as __version__
+from .artefacts import PosteriorSampler, load_posterior, posterior_of, save_posterior
 from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
@@ -45,8 +47,7 @@ from .posterior import (
 )
 from .predict import predict
 from .pruning import apply_masks, prune_masks, pruned
-
-__version__ = "0.1.0"
+from .report import UncertaintyReport, uncertainty_report
 
 __all__ = [
     "IVON",
@@ -65,7 +66,9 @@ __all__ = [
     "NoisyKFAC",
     "NonFiniteGradientError",
     "PosteriorOptimizer",
+    "PosteriorSampler",
     "PosteriorWarning",
+    "UncertaintyReport",
     "VadaGrad",
     "Vadam",
     "VariationalOptimizer",
@@ -74,11 +77,15 @@ __all__ = [
     "baselines",
     "curvature",
     "evaluate_classifier",
+    "load_posterior",
     "metrics",
+    "posterior_of",
     "predict",
     "prune_masks",
     "pruned",
     "pruning",
+    "save_posterior",
     "symmetric_kl",
+    "uncertainty_report",
     "unwrap",
 ]

@@ -13,13 +13,19 @@ on the point estimates, which enter as hyperparameters).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .. import pruning
+from .._version import __version__
+from . import _format
 
 __all__ = ["GaussianPosterior", "symmetric_kl"]
 
@@ -33,6 +39,10 @@ class GaussianPosterior:
     variance: list[Tensor]
     #: indices of point-estimate parameters (variance 0, samples = the mean)
     point: tuple[int, ...] = ()
+    #: what a saved file records beside the tensors (:meth:`annotate`; None where unknown)
+    names: list[str] | None = None
+    rule: str | None = None
+    hyperparameters: list[dict[str, Any]] | None = None
 
     # -- what every family implements -------------------------------------------------------------------
     def sample(self, n: int | None = None, generator: torch.Generator | None = None) -> list[Tensor]:
@@ -67,6 +77,76 @@ class GaussianPosterior:
 
     def numel(self) -> int:
         return sum(m.numel() for m in self.mean)
+
+    # -- as a file ---------------------------------------------------------------------------------------
+    def annotate(
+        self,
+        names: Sequence[str] | None = None,
+        rule: str | None = None,
+        hyperparameters: Sequence[dict[str, Any]] | None = None,
+    ) -> GaussianPosterior:
+        """Attach the parameter names (in the posterior's order), the rule (the optimizer's class name) and
+        its hyperparameters, which :meth:`save` writes; returns ``self``. An optimizer's ``posterior()``
+        knows neither names nor rule: :func:`ngvi.posterior_of` (or :func:`ngvi.save_posterior`) takes them
+        from the model and the optimizer."""
+        if names is not None:
+            names = [str(n) for n in names]
+            if len(names) != len(self.mean):
+                raise ValueError(f"got {len(names)} names for a posterior over {len(self.mean)} tensors")
+            self.names = names
+        if rule is not None:
+            self.rule = rule
+        if hyperparameters is not None:
+            self.hyperparameters = [dict(g) for g in hyperparameters]
+        return self
+
+    def save(self, path: str | os.PathLike[str], names: Sequence[str] | None = None) -> Path:
+        """Write the posterior to a safetensors file (never a pickle; the format: :mod:`ngvi.posterior.io`):
+        its tensors, and as metadata the family, parameter names, shapes, dtypes, rule and hyperparameters.
+        ``names`` defaults to the names attached by :meth:`annotate`; without either it is refused. Read
+        it back with :func:`ngvi.load_posterior`. Needs the safetensors package. Returns the path."""
+        st = _format.safetensors()
+        names = list(self.names or []) if names is None else list(names)
+        if not names:
+            raise ValueError(
+                "this posterior does not know its parameter names: pass names= (the model's names of the "
+                "optimizer's parameters, in order) or save with ngvi.save_posterior(model, opt, path)"
+            )
+        if len(names) != len(self.mean) or not all(isinstance(n, str) for n in names):
+            raise ValueError(
+                f"names must be {len(self.mean)} strings, one per posterior tensor, got {names!r}"
+            )
+        if len(set(names)) != len(names):
+            raise ValueError(f"names must be unique, got {names!r}")
+        family, structure = self._file_tensors()
+        tensors = {f"mean.{i}": m for i, m in enumerate(self.mean)} | family
+        metadata = {
+            "format": _format.FORMAT,
+            "format_version": str(_format.FORMAT_VERSION),
+            "ngvi_version": __version__,
+            "family": type(self).__name__,
+            "names": json.dumps(names),
+            "shapes": json.dumps([list(m.shape) for m in self.mean]),
+            "dtypes": json.dumps([str(m.dtype).removeprefix("torch.") for m in self.mean]),
+            "point": json.dumps(list(self.point)),
+            "structure": json.dumps(structure),
+            "rule": self.rule or "",
+            "hyperparameters": json.dumps(list(self.hyperparameters or [])),
+        }
+        path = Path(path)
+        st.torch.save_file({k: _format.cpu_copy(t) for k, t in tensors.items()}, str(path), metadata=metadata)
+        return path
+
+    def _file_tensors(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The family's tensors beyond the means (keys as in :mod:`ngvi.posterior.io`) and its JSON
+        structure: what :meth:`_from_file` rebuilds the posterior from."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be saved")
+
+    @classmethod
+    def _from_file(
+        cls, mean: list[Tensor], tensors: dict[str, Tensor], point: list[int], structure: dict[str, Any]
+    ) -> GaussianPosterior:
+        raise NotImplementedError(f"{cls.__name__} cannot be loaded")
 
     def _leading_dim(self, sample: Sequence[Tensor]) -> int | None:
         """None when ``sample`` is shaped like the parameters, n when it carries a leading dim n."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,6 +37,9 @@ from .diagonal import DiagonalGaussian
 from .full import _check_size, as_full, flatten
 
 __all__ = ["BlockTridiagonalGaussian"]
+
+#: the ChainLayer fields, in its constructor's order (the tensors a saved file holds per layer)
+CHAIN_FIELDS = ("row_basis", "col_basis", "row_eig", "col_eig", "row_link", "col_link")
 
 
 class BlockTridiagonalGaussian(GaussianPosterior):
@@ -184,6 +188,26 @@ class BlockTridiagonalGaussian(GaussianPosterior):
             v1, m1, v2, m2 = v1.double(), m1.double(), v2.double(), m2.double()
             total = total + (v1 / v2 + (m2 - m1).square() / v2 + v2.log()).sum()
         return 0.5 * (total - self.numel() - self._logdet())
+
+    def _file_tensors(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        tensors = {}
+        for k, c in enumerate(self.chain):
+            for f in CHAIN_FIELDS:
+                if getattr(c, f) is not None:
+                    tensors[f"chain.{k}.{f}"] = getattr(c, f)
+        return tensors, {"layers": [list(ls) for ls in self.layers], "scale": self.scale}
+
+    @classmethod
+    def _from_file(
+        cls, mean: list[Tensor], tensors: dict[str, Tensor], point: list[int], structure: dict[str, Any]
+    ) -> BlockTridiagonalGaussian:
+        layers = structure["layers"]
+        chain = [  # the bases and eigenvalues are required, the links to the next layer not (the last)
+            ChainLayer(*(tensors[f"chain.{k}.{f}"] for f in CHAIN_FIELDS[:4]),
+                       *(tensors.get(f"chain.{k}.{f}") for f in CHAIN_FIELDS[4:]))
+            for k in range(len(layers))
+        ]  # fmt: skip
+        return cls(mean, layers, chain, float(structure["scale"]))
 
     def __repr__(self) -> str:
         return f"BlockTridiagonalGaussian({len(self.layers)} layers, {self.numel()} weights)"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -94,6 +95,15 @@ class DiagonalGaussian(GaussianPosterior):
         return cls(
             [torch.full_like(t, mean) for t in like], [torch.full_like(t, 1.0 / precision) for t in like]
         )
+
+    def _file_tensors(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return {f"variance.{i}": v for i, v in enumerate(self.variance)}, {}
+
+    @classmethod
+    def _from_file(
+        cls, mean: list[Tensor], tensors: dict[str, Tensor], point: list[int], structure: dict[str, Any]
+    ) -> DiagonalGaussian:
+        return cls(mean, [tensors[f"variance.{i}"] for i in range(len(mean))], point=point)
 
     def __repr__(self) -> str:
         return f"DiagonalGaussian({len(self.mean)} tensors, {self.numel()} weights)"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -138,6 +139,15 @@ class FullGaussian(GaussianPosterior):
             trace = torch.linalg.solve_triangular(chol2, self._chol, upper=False).square().sum()
             maha, logdet2 = other_full._mahalanobis(diff), other_full._logdet()
         return 0.5 * (trace + maha - k + logdet2 - self._logdet())
+
+    def _file_tensors(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return {"covariance": self.covariance}, {}
+
+    @classmethod
+    def _from_file(
+        cls, mean: list[Tensor], tensors: dict[str, Tensor], point: list[int], structure: dict[str, Any]
+    ) -> FullGaussian:
+        return cls(mean, tensors["covariance"])
 
     def __repr__(self) -> str:
         return f"FullGaussian({len(self.mean)} tensors, {self.numel()} weights)"

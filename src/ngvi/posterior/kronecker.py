@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -196,6 +197,22 @@ class KroneckerGaussian(GaussianPosterior):
                 raise TypeError(f"KL between KroneckerGaussian and {type(other).__name__} is not implemented")
             total = total + 0.5 * (trace + maha - size + logdet2 - self._logdet(k))
         return total
+
+    def _file_tensors(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        tensors = {}
+        for k, b in enumerate(self.blocks):
+            tensors[f"block.{k}.row_cov"], tensors[f"block.{k}.col_cov"] = b.row_cov, b.col_cov
+        return tensors, {"blocks": [list(b.params) for b in self.blocks]}
+
+    @classmethod
+    def _from_file(
+        cls, mean: list[Tensor], tensors: dict[str, Tensor], point: list[int], structure: dict[str, Any]
+    ) -> KroneckerGaussian:
+        blocks = [
+            KroneckerBlock(tuple(ps), tensors[f"block.{k}.row_cov"], tensors[f"block.{k}.col_cov"])
+            for k, ps in enumerate(structure["blocks"])
+        ]
+        return cls(mean, blocks, point=point)
 
     def __repr__(self) -> str:
         return f"KroneckerGaussian({len(self.blocks)} blocks, {self.numel()} weights)"

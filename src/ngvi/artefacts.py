@@ -1,0 +1,107 @@
+"""A trained posterior as an artefact: saved with its names, loaded against a model, used to predict.
+
+* :func:`posterior_of` ``(model, opt)``: ``opt.posterior()`` with the model's parameter names (in the
+  optimizer's order, the order of the posterior), the rule (the optimizer's class name) and its
+  hyperparameters attached; ``.save(path)`` then writes all of them.
+* :func:`save_posterior` ``(model, opt, path)``: the same in one call.
+* :func:`ngvi.load_posterior` ``(path, model=None)`` (:mod:`ngvi.posterior.io`): the posterior back, checked
+  against ``model``'s trainable parameters when one is given.
+* :class:`PosteriorSampler` ``(model, posterior)``: a loaded posterior in the trainer protocol that
+  :func:`ngvi.predict`, :func:`ngvi.evaluate_classifier` and :func:`ngvi.uncertainty_report` take: it puts
+  the posterior mean into the model and holds a draw in its weights inside ``sampled_params()``.
+
+Why names come from the model: an optimizer is built from ``model.parameters()`` (or a list of groups) and
+never sees names, so neither does ``opt.posterior()``. The names of a ``state_dict`` are what a PyTorch user
+checks a file against; they are taken at save time from ``model.named_parameters()``, matched to the
+optimizer's parameters by identity, so param groups in any order get the right names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .optim.protocol import unwrap
+from .posterior.base import GaussianPosterior
+from .posterior.io import check_against_model, load_posterior, plain_hyperparameters
+from .predict import _param_keys
+
+__all__ = ["PosteriorSampler", "load_posterior", "posterior_of", "save_posterior"]
+
+
+def posterior_of(model: nn.Module, opt: Any) -> GaussianPosterior:
+    """``opt.posterior()`` annotated with the model's names of its parameters, the rule and its
+    hyperparameters (the param groups' plain values), ready for ``.save(path)``."""
+    inner = unwrap(opt)
+    post = inner.posterior()
+    return post.annotate(
+        names=_param_keys(model, inner),
+        rule=type(inner).__name__,
+        hyperparameters=plain_hyperparameters(inner.param_groups),
+    )
+
+
+def save_posterior(model: nn.Module, opt: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``opt``'s posterior over ``model`` to a safetensors file (see :func:`posterior_of`)."""
+    return posterior_of(model, opt).save(path)
+
+
+class PosteriorSampler:
+    """A fixed posterior over a model's parameters, for prediction (not for training).
+
+    On construction the posterior is checked against the model (names and shapes of its trainable
+    parameters; the posterior needs names: a loaded one has them) and its mean is copied into the model's
+    weights. ``sampled_params()`` holds one draw θ ~ q in the weights for a block and puts the previous
+    weights back afterwards; draws come from ``generator`` (or a fresh one seeded with ``seed``), so a run
+    is reproducible. ``ngvi.predict(model, sampler, x, samples=S)`` and ``vectorize=True`` both work.
+    """
+
+    deterministic = False
+
+    def __init__(self, model: nn.Module, posterior: GaussianPosterior, seed: int | None = None):
+        if not isinstance(posterior, GaussianPosterior):
+            raise TypeError(f"posterior must be a GaussianPosterior, got {type(posterior).__name__}")
+        if not posterior.names:
+            raise ValueError(
+                "the posterior has no parameter names: load it with ngvi.load_posterior, or annotate it "
+                "(ngvi.posterior_of(model, opt))"
+            )
+        check_against_model(posterior.names, [tuple(m.shape) for m in posterior.mean], model)
+        named = dict(model.named_parameters())
+        self.model = model
+        self._posterior = posterior
+        self._params = [named[n] for n in posterior.names]
+        self.param_groups = [{"params": self._params}]
+        self.generator = torch.Generator()
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        self._write(posterior.mean)
+
+    def _write(self, values: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for p, v in zip(self._params, values, strict=True):
+                p.copy_(v)
+
+    def posterior(self) -> GaussianPosterior:
+        return self._posterior
+
+    @contextlib.contextmanager
+    def sampled_params(self, train: bool = False) -> Iterator[None]:
+        """One posterior draw in the model's weights for the block (``train`` accepted for the protocol)."""
+        if train:
+            raise ValueError("a PosteriorSampler is for prediction: it does not train (train=True)")
+        saved = [p.detach().clone() for p in self._params]
+        self._write(self._posterior.sample(generator=self.generator))
+        try:
+            yield
+        finally:
+            self._write(saved)
+
+    def __repr__(self) -> str:
+        return f"PosteriorSampler({self._posterior!r}, rule={self._posterior.rule!r})"

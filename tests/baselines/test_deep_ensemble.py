@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 from torch import nn
@@ -307,3 +310,17 @@ def test_frozen_parameters_and_buffers_are_shared_and_kept():
     assert [w.shape for w in ens.member_weights(1)] == trainable
     _train(ens, model, 2)
     assert_same(params_of(model[0]), frozen)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_of_model_and_ensemble_continue_identically(how):
+    model = _mlp()
+    ens = DeepEnsemble(model, N, members=3, lr=1e-2, seed=0)
+    _train(ens, model, 2)
+    twin_model, twin = (
+        copy.deepcopy((model, ens)) if how == "deepcopy" else pickle.loads(pickle.dumps((model, ens)))
+    )
+    _train(ens, model, 2, first_batch=2)
+    _train(twin, twin_model, 2, first_batch=2)
+    assert_same(_all_weights(twin), _all_weights(ens))
+    assert_same(params_of(twin_model), params_of(model))

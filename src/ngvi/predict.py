@@ -17,6 +17,8 @@ the samples differ from the loop's but have the same distribution. Whether it is
 device and the batch: on one CPU thread the loop is faster for test batches of hundreds of points (the
 Python cost of a pass is small beside the work, and a vmapped convolution becomes a grouped one); the
 vectorised form wins there only for MC dropout on a handful of points (``docs/results/vision/sampling.md``).
+A deep ensemble (``samples_by_loading``) has no draws to stack: its samples are its members, loaded in turn,
+so ``vectorize=True`` runs the loop for it.
 
 Hugging Face models: ``x`` may be a Mapping (a tokenised batch), called as ``model(**x)``; an output that is
 not a tensor (a ``ModelOutput``) gives its ``.logits``, or what ``output=`` selects (a key or attribute
@@ -131,7 +133,7 @@ def predict(
         opt = unwrap(opt)
         if linearized:
             return _linearized(model, opt, x, samples, output)
-        if vectorize:
+        if vectorize and not getattr(opt, "samples_by_loading", False):  # an ensemble's: the loop below
             return _vectorized(model, opt, x, samples, chunk or samples, generator, output)
         outs = []
         for _ in range(samples):

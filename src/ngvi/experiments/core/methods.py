@@ -142,6 +142,13 @@ METHODS: dict[str, Method] = dict(
         ),
         _method("map", "MAP", "baselines.MAP", "Adam with weight decay from the prior", takes_model=True),
         _method(
+            "deep_ensemble",
+            "Deep ensemble",
+            "baselines.DeepEnsemble",
+            "5 MAP networks from independent inits (Lakshminarayanan et al. 2017); K× the cost of MAP",
+            takes_model=True,
+        ),
+        _method(
             "kfac",
             "K-FAC",
             "baselines.KFAC",

@@ -156,8 +156,8 @@ class PendingChecks:
         out = []
         while self._checks:
             check = self._checks[0]
-            if check.ready is not None:
-                if not wait and not check.ready.query():
+            if check.ready is not None and not check.ready.query():  # not there yet
+                if not wait:
                     break
                 check.ready.synchronize()
                 if isinstance(check.ready, _Later):

@@ -8,6 +8,7 @@ from torch import nn
 
 import ngvi
 from ngvi._tensorlist import TensorList
+from ngvi.optim.engine import perturbation
 from ngvi.optim.engine.perturbation import slices
 from optimizer_db import BY_NAME, trainers
 
@@ -34,7 +35,8 @@ def plain(opt):
 
 
 @pytest.mark.parametrize("info", trainers(lambda info: info.engine and info.cls._elementwise))
-def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info):
+def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info, monkeypatch):
+    monkeypatch.setattr(perturbation, "SLICE_FROM", 0)  # slice the small model as a large one
     runs = []
     for force_plain in (False, True):
         model = wide_mlp()
@@ -50,6 +52,16 @@ def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info):
         runs.append([p.detach().clone() for p in model.parameters()] + sample)
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+
+
+def test_only_large_cpu_groups_are_sliced():
+    small = [torch.zeros(10), torch.zeros(20)]
+    large = [torch.zeros(perturbation.SLICE_FROM // 2), torch.zeros(perturbation.SLICE_FROM // 2 + 1)]
+    assert slices(small, True) == [slice(0, 2)]
+    assert slices(large, True) == [slice(0, 1), slice(1, 2)]
+    assert slices(large, False) == [slice(0, 2)]
+    meta = [t.to("meta") for t in large]  # any device but the CPU: one slice, as torch.optim's foreach
+    assert slices(meta, True) == [slice(0, 2)]
 
 
 def test_elementwise_is_not_inherited_by_an_overriding_update():

@@ -109,13 +109,23 @@ def perturb_diagonal(
             p.data = theta if theta.dtype == mean.dtype else theta.to(mean.dtype)
 
 
+#: slices only from this many elements of a group (16 MB of float32): below it a full-size temporary is
+#: cheap, and every slice repeats each pass's per-tensor dispatch (most of a small model's step)
+SLICE_FROM = 1 << 22
+
+
 def slices(params: list[Tensor], elementwise: bool) -> list[slice]:
     """Consecutive runs of ``params`` of at most a quarter of their elements (or one parameter) each, for
-    ``elementwise`` rules: their temporaries then never hold a full copy of the parameters. (Compiled
-    cores make no full-size temporaries, and each slice would be one more graph call: they take no slices.)"""
-    if not elementwise or len(params) < 2:
+    ``elementwise`` rules on the CPU whose group holds at least :data:`SLICE_FROM` elements: their
+    temporaries then never hold a full copy of the parameters. Elsewhere one slice: compiled cores make no
+    full-size temporaries (and each slice would be one more graph call), and on an accelerator, as in
+    torch.optim's foreach paths, each pass is a few kernels over the whole group, not four times as many."""
+    if not elementwise or len(params) < 2 or params[0].device.type != "cpu":
         return [slice(0, len(params))]
-    budget = -(-sum(p.numel() for p in params) // 4)
+    total = sum(p.numel() for p in params)
+    if total < SLICE_FROM:
+        return [slice(0, len(params))]
+    budget = -(-total // 4)
     out, start, size = [], 0, 0
     for i, p in enumerate(params):
         if size and size + p.numel() > budget:

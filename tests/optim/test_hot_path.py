@@ -8,7 +8,6 @@ from torch import nn
 
 import ngvi
 from ngvi._tensorlist import TensorList
-from ngvi.optim.engine import perturbation
 from ngvi.optim.engine.perturbation import slices
 from optimizer_db import BY_NAME, trainers
 
@@ -35,8 +34,7 @@ def plain(opt):
 
 
 @pytest.mark.parametrize("info", trainers(lambda info: info.engine and info.cls._elementwise))
-def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info, monkeypatch):
-    monkeypatch.setattr(perturbation, "SLICE_FROM", 0)  # slice the small model as a large one
+def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info):
     runs = []
     for force_plain in (False, True):
         model = wide_mlp()
@@ -54,14 +52,12 @@ def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info, monkey
         assert torch.equal(a, b)
 
 
-def test_only_large_cpu_groups_are_sliced():
-    small = [torch.zeros(10), torch.zeros(20)]
-    large = [torch.zeros(perturbation.SLICE_FROM // 2), torch.zeros(perturbation.SLICE_FROM // 2 + 1)]
-    assert slices(small, True) == [slice(0, 2)]
-    assert slices(large, True) == [slice(0, 1), slice(1, 2)]
-    assert slices(large, False) == [slice(0, 2)]
-    meta = [t.to("meta") for t in large]  # any device but the CPU: one slice, as torch.optim's foreach
-    assert slices(meta, True) == [slice(0, 2)]
+def test_only_cpu_groups_are_sliced():
+    params = [torch.zeros(10), torch.zeros(20), torch.zeros(5)]
+    assert slices(params, True) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert slices(params, False) == [slice(0, 3)]
+    meta = [t.to("meta") for t in params]  # any device but the CPU: one slice, as torch.optim's foreach
+    assert slices(meta, True) == [slice(0, 3)]
 
 
 def test_elementwise_is_not_inherited_by_an_overriding_update():

@@ -109,22 +109,15 @@ def perturb_diagonal(
             p.data = theta if theta.dtype == mean.dtype else theta.to(mean.dtype)
 
 
-#: slices only from this many elements of a group (16 MB of float32): below it a full-size temporary is
-#: cheap, and every slice repeats each pass's per-tensor dispatch (most of a small model's step)
-SLICE_FROM = 1 << 22
-
-
 def slices(params: list[Tensor], elementwise: bool) -> list[slice]:
     """Consecutive runs of ``params`` of at most a quarter of their elements (or one parameter) each, for
-    ``elementwise`` rules on the CPU whose group holds at least :data:`SLICE_FROM` elements: their
-    temporaries then never hold a full copy of the parameters. Elsewhere one slice: compiled cores make no
-    full-size temporaries (and each slice would be one more graph call), and on an accelerator, as in
-    torch.optim's foreach paths, each pass is a few kernels over the whole group, not four times as many."""
+    ``elementwise`` rules on the CPU: their temporaries then never hold a full copy of the parameters.
+    Elsewhere one slice: compiled cores make no full-size temporaries (and each slice would be one more
+    graph call), and on an accelerator, as in torch.optim's foreach paths, each pass is a few kernels over
+    the whole group rather than four times as many (docs/results/bench/gpu/sliced)."""
     if not elementwise or len(params) < 2 or params[0].device.type != "cpu":
         return [slice(0, len(params))]
     total = sum(p.numel() for p in params)
-    if total < SLICE_FROM:
-        return [slice(0, len(params))]
     budget = -(-total // 4)
     out, start, size = [], 0, 0
     for i, p in enumerate(params):

@@ -74,6 +74,7 @@ class KFAC(KroneckerFamily):
         curvature: str = "ef",
         *,
         init_prec: str | None = DEFAULTS["init_prec"],
+        kl_clip: float | str | None = DEFAULTS["kl_clip"],
         likelihood: str | Likelihood | None = None,
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
@@ -95,7 +96,7 @@ class KFAC(KroneckerFamily):
         )
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum, prior_prec=prior_prec, damping=damping,
-            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec,
+            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=1, **engine_kwargs)
 

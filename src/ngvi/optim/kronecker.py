@@ -51,12 +51,15 @@ from ._kfac_local import SAMPLINGS, LocalPreactivations
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO
 
-__all__ = ["DEFAULTS", "KroneckerFamily"]
+__all__ = ["DEFAULTS", "KL_CLIP", "KroneckerFamily"]
 
 #: the family's defaults (NoisyKFAC, NNGBlkTri, NNGFull, baselines.KFAC): one kind of step for all four
 DEFAULTS: dict[str, Any] = dict(
-    lr=0.1, beta=1e-3, momentum=0.5, damping=1e-3, stats_every=1, inv_every=20, init_prec=AUTO
+    lr=0.1, beta=1e-3, momentum=0.5, damping=1e-3, stats_every=1, inv_every=20, init_prec=AUTO, kl_clip=AUTO
 )
+
+#: κ of ``kl_clip="auto"``, the trust region of the family's own start (docs/CHOOSING.md: the loss's scale)
+KL_CLIP = 1e-2
 
 
 class KroneckerFamily(VariationalOptimizer):
@@ -102,6 +105,8 @@ class KroneckerFamily(VariationalOptimizer):
         if "stats_every" in group:
             check.positive_int("stats_every", group["stats_every"])
         check.positive_int("inv_every", group["inv_every"])
+        if group.get("kl_clip", AUTO) not in (AUTO, None):
+            check.positive("kl_clip", group["kl_clip"], allow_inf=True)
 
     def _check_prior(self, group: dict[str, Any]) -> None:
         nng.check_prior(group)
@@ -137,6 +142,34 @@ class KroneckerFamily(VariationalOptimizer):
         step = step if buffer is None else buffer.mul(momentum).add_(step)
         new["momentum_buffer"] = step
         return step
+
+    @staticmethod
+    def _kl_clip(group: dict[str, Any]) -> float | None:
+        """κ, or None for no trust region: ``"auto"`` is :data:`KL_CLIP` with ngvi's starts and None with the
+        papers' (``init_prec=None``, which the golden trajectories and the experiments pin)."""
+        kappa = group.get("kl_clip", AUTO)  # (absent from checkpoints saved before it: "auto")
+        if kappa == AUTO:
+            return None if group["init_prec"] is None else KL_CLIP
+        return kappa
+
+    @staticmethod
+    def _trust_region(group: dict[str, Any], steps: list[Tensor], vs: list[Tensor]) -> Tensor:
+        """ν = min(1, √(κ/m)) with m = α²·Σ vᵀP⁻¹v, the natural step's squared length in the metric P that
+        preconditions it (``steps`` P⁻¹v, ``vs`` v = ĝ + γ_in μ): Ba et al.'s (2017) KL clipping. A tensor,
+        so no host read; exactly 1 where the cap does not bind."""
+        m = sum(torch.vdot(s.reshape(-1), v.reshape(-1)) for s, v in zip(steps, vs, strict=True))
+        m = m.float().clamp_min(0.0).mul_(group["lr"] ** 2)
+        return torch.rsqrt(m / KroneckerFamily._kl_clip(group)).clamp_(max=1.0)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As the engine's; a checkpoint from before ``kl_clip`` existed resumes with ``"auto"``."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if isinstance(groups, list) and any(isinstance(g, dict) and "kl_clip" not in g for g in groups):
+            groups = [
+                {**g, "kl_clip": AUTO} if isinstance(g, dict) and "kl_clip" not in g else g for g in groups
+            ]
+            state_dict = {**state_dict, "param_groups": groups}
+        super().load_state_dict(state_dict)
 
     # ----------------------------------------------------------------------------------------------------
     # Layer layout: a layer's parameters as one [G, o, d'] block (weight columns, then the bias column)
@@ -244,7 +277,17 @@ class KroneckerFamily(VariationalOptimizer):
             step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹
                 [grads[k] for k in ks], [means[k] for k in ks], a_inv, s_inv, gamma_in=gamma_in
             )
-            pending.append((i, ks, st, new, self._heavy_ball(group, step, st, new)))
+            pending.append((i, ks, st, new, step))
+        if self._kl_clip(group) is not None:  # the trust region (one ν for the group)
+            nu = self._trust_region(
+                group,
+                [step for *_, step in pending],
+                [self._join(i, [grads[k] + gamma_in * means[k] for k in ks]) for i, ks, *_ in pending],
+            )
+            pending = [(i, ks, st, new, step * nu.to(step.dtype)) for i, ks, st, new, step in pending]
+        pending = [
+            (i, ks, st, new, self._heavy_ball(group, step, st, new)) for i, ks, st, new, step in pending
+        ]
         for i, ks, st, new, step in pending:
             st.update(new)
             for k, part in zip(ks, self._split(i, step), strict=True):

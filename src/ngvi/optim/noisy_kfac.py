@@ -102,6 +102,7 @@ class NoisyKFAC(KroneckerFamily):
         curvature: str = "ef",
         *,
         init_prec: float | str | None = DEFAULTS["init_prec"],
+        kl_clip: float | str | None = DEFAULTS["kl_clip"],
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -121,7 +122,7 @@ class NoisyKFAC(KroneckerFamily):
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum,
             prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
-            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec,
+            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=mc_samples, sampling=sampling, **engine_kwargs)
 

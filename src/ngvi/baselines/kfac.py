@@ -54,6 +54,8 @@ class KFAC(KroneckerFamily):
         mc_samples: must be 1 (a point estimate).  curvature, likelihood, noise_prec, loss_reduction:
             as for NoisyKFAC.  init_prec: where the factors start: ``"auto"`` (A₀ = S₀ = I) or ``None``
             (0, with K-FAC's warm start).
+        kl_clip: the family's trust region κ on the step (:mod:`ngvi.optim.kronecker`): ``"auto"`` (10⁻²
+            unless ``init_prec=None``), a number, or None (off).
         **engine_kwargs: ``seed`` (for sampled targets), ``skip_nonfinite``.
     """
 

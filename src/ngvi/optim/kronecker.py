@@ -30,6 +30,15 @@ one unit of curvature per example, so the first steps are SGD steps of size α a
 noisy Adam's start). ``init_prec=None`` starts the factors at 0 with K-FAC's warm start: the k-th update uses
 the weight max(β, 1/k), a running mean until k = 1/β (the papers' start, which the experiments pin with their
 step sizes: lr 10⁻³, β 0.01, no momentum). A number c (the noisy members) starts q at precision c.
+
+**Trust region** (``kl_clip``, issue 32). With the identity start the first ``inv_every`` steps precondition
+with ≈ I, so the step grew with the loss's scale (a Gaussian NLL mse/(2·0.3²) diverged by step 20). The
+natural step is scaled by ν = min(1, √(κ/m)), m = α²·vᵀP⁻¹v its squared length in the metric P that
+preconditions it (Ba, Grosse & Martens 2017's KL clipping), before the momentum: at the identity start
+‖Δμ‖ ≤ √κ.
+``kl_clip="auto"`` is κ = :data:`KL_CLIP` = 10⁻² with ngvi's starts and no region with the papers'
+(``init_prec=None``, which the golden trajectories and the experiments pin); a number is κ; None: off.
+Measured alternatives (factors from the first batch; inverting every step early) in docs/CHOOSING.md.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ reading only the previous layer's output (checked in every sample; branches and 
 :func:`~ngvi.curvature.tridiagonal.lam_sqrt`'s, which is independent of the eigenbasis that degenerate factors
 leave arbitrary, so ranks and reruns draw alike.
 Schedules, the start (``init_prec``: A₀ = S₀ = I by default, none between layers; ``None``: zeros and the
-warm start), momentum and the defaults are the family's (:mod:`ngvi.optim.kronecker`); the experiments pin
-NNG's settings (lr 10⁻³, β 10⁻³ or 0.01, their momentum) explicitly.
+warm start), momentum, the trust region (``kl_clip``) and the defaults are the family's
+(:mod:`ngvi.optim.kronecker`); the experiments pin NNG's settings (lr 10⁻³, β 10⁻³ or 0.01, their momentum)
+explicitly.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ class NNGFull(KroneckerFamily):
             F̄₀ = (λ/N)(c − 1/η)·I, q₀ with precision c; both then follow the plain EMA. ``None``: F̄₀ = 0
             and the running mean for the first 1/β updates (K-FAC's warm start), so q starts at the prior.
             The other defaults are the family's (:mod:`ngvi.optim.kronecker`).
+        kl_clip: the family's trust region κ on the natural step (:mod:`ngvi.optim.kronecker`).
         max_params: refuse models with more parameters than this (D² numbers per matrix).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
     """

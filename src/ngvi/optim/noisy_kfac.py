@@ -74,6 +74,8 @@ class NoisyKFAC(KroneckerFamily):
         prior_var: η of the prior N(0, ηI) (default 1).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
         init_prec: where q starts: ``"auto"`` (A₀ = S₀ = I), ``None`` (the prior, with the warm start) or a
             precision (see the module docstring).
+        kl_clip: the trust region κ on the natural step (:mod:`ngvi.optim.kronecker`): ``"auto"`` (10⁻² unless
+            ``init_prec=None``), a number, or None (off).
         prior_prec: the prior's precision 1/η, the name every ngvi optimizer accepts (give one of the two).
         stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.
         curvature: "ef" (the closure's own loss) or "fisher" (targets sampled from ``likelihood``).

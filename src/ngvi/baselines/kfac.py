@@ -54,6 +54,8 @@ class KFAC(KroneckerFamily):
         mc_samples: must be 1 (a point estimate).  curvature, likelihood, noise_prec, loss_reduction:
             as for NoisyKFAC.  init_prec: where the factors start: ``"auto"`` (A₀ = S₀ = I) or ``None``
             (0, with K-FAC's warm start).
+        kl_clip: the family's trust region κ on the step (:mod:`ngvi.optim.kronecker`): ``"auto"`` (10⁻²
+            unless ``init_prec=None``), a number, or None (off).
         **engine_kwargs: ``seed`` (for sampled targets), ``skip_nonfinite``.
     """
 
@@ -74,6 +76,7 @@ class KFAC(KroneckerFamily):
         curvature: str = "ef",
         *,
         init_prec: str | None = DEFAULTS["init_prec"],
+        kl_clip: float | str | None = DEFAULTS["kl_clip"],
         likelihood: str | Likelihood | None = None,
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
@@ -95,7 +98,7 @@ class KFAC(KroneckerFamily):
         )
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum, prior_prec=prior_prec, damping=damping,
-            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec,
+            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=1, **engine_kwargs)
 

@@ -30,6 +30,15 @@ one unit of curvature per example, so the first steps are SGD steps of size α a
 noisy Adam's start). ``init_prec=None`` starts the factors at 0 with K-FAC's warm start: the k-th update uses
 the weight max(β, 1/k), a running mean until k = 1/β (the papers' start, which the experiments pin with their
 step sizes: lr 10⁻³, β 0.01, no momentum). A number c (the noisy members) starts q at precision c.
+
+**Trust region** (``kl_clip``, issue 32). With the identity start the first ``inv_every`` steps precondition
+with ≈ I, so the step grew with the loss's scale (a Gaussian NLL mse/(2·0.3²) diverged by step 20). The
+natural step is scaled by ν = min(1, √(κ/m)), m = α²·vᵀP⁻¹v its squared length in the metric P that
+preconditions it (Ba, Grosse & Martens 2017's KL clipping), before the momentum: at the identity start
+‖Δμ‖ ≤ √κ.
+``kl_clip="auto"`` is κ = :data:`KL_CLIP` = 10⁻² with ngvi's starts and no region with the papers'
+(``init_prec=None``, which the golden trajectories and the experiments pin); a number is κ; None: off.
+Measured alternatives (factors from the first batch; inverting every step early) in docs/CHOOSING.md.
 """
 
 from __future__ import annotations
@@ -51,12 +60,15 @@ from ._kfac_local import SAMPLINGS, LocalPreactivations
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO
 
-__all__ = ["DEFAULTS", "KroneckerFamily"]
+__all__ = ["DEFAULTS", "KL_CLIP", "KroneckerFamily"]
 
 #: the family's defaults (NoisyKFAC, NNGBlkTri, NNGFull, baselines.KFAC): one kind of step for all four
 DEFAULTS: dict[str, Any] = dict(
-    lr=0.1, beta=1e-3, momentum=0.5, damping=1e-3, stats_every=1, inv_every=20, init_prec=AUTO
+    lr=0.1, beta=1e-3, momentum=0.5, damping=1e-3, stats_every=1, inv_every=20, init_prec=AUTO, kl_clip=AUTO
 )
+
+#: κ of ``kl_clip="auto"``, the trust region of the family's own start (docs/CHOOSING.md: the loss's scale)
+KL_CLIP = 1e-2
 
 
 class KroneckerFamily(VariationalOptimizer):
@@ -102,6 +114,8 @@ class KroneckerFamily(VariationalOptimizer):
         if "stats_every" in group:
             check.positive_int("stats_every", group["stats_every"])
         check.positive_int("inv_every", group["inv_every"])
+        if group.get("kl_clip", AUTO) not in (AUTO, None):
+            check.positive("kl_clip", group["kl_clip"], allow_inf=True)
 
     def _check_prior(self, group: dict[str, Any]) -> None:
         nng.check_prior(group)
@@ -137,6 +151,34 @@ class KroneckerFamily(VariationalOptimizer):
         step = step if buffer is None else buffer.mul(momentum).add_(step)
         new["momentum_buffer"] = step
         return step
+
+    @staticmethod
+    def _kl_clip(group: dict[str, Any]) -> float | None:
+        """κ, or None for no trust region: ``"auto"`` is :data:`KL_CLIP` with ngvi's starts and None with the
+        papers' (``init_prec=None``, which the golden trajectories and the experiments pin)."""
+        kappa = group.get("kl_clip", AUTO)  # (absent from checkpoints saved before it: "auto")
+        if kappa == AUTO:
+            return None if group["init_prec"] is None else KL_CLIP
+        return kappa
+
+    @staticmethod
+    def _trust_region(group: dict[str, Any], steps: list[Tensor], vs: list[Tensor]) -> Tensor:
+        """ν = min(1, √(κ/m)) with m = α²·Σ vᵀP⁻¹v, the natural step's squared length in the metric P that
+        preconditions it (``steps`` P⁻¹v, ``vs`` v = ĝ + γ_in μ): Ba et al.'s (2017) KL clipping. A tensor,
+        so no host read; exactly 1 where the cap does not bind."""
+        m = sum(torch.vdot(s.reshape(-1), v.reshape(-1)) for s, v in zip(steps, vs, strict=True))
+        m = m.float().clamp_min(0.0).mul_(group["lr"] ** 2)
+        return torch.rsqrt(m / KroneckerFamily._kl_clip(group)).clamp_(max=1.0)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As the engine's; a checkpoint from before ``kl_clip`` existed resumes with ``"auto"``."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if isinstance(groups, list) and any(isinstance(g, dict) and "kl_clip" not in g for g in groups):
+            groups = [
+                {**g, "kl_clip": AUTO} if isinstance(g, dict) and "kl_clip" not in g else g for g in groups
+            ]
+            state_dict = {**state_dict, "param_groups": groups}
+        super().load_state_dict(state_dict)
 
     # ----------------------------------------------------------------------------------------------------
     # Layer layout: a layer's parameters as one [G, o, d'] block (weight columns, then the bias column)
@@ -244,7 +286,17 @@ class KroneckerFamily(VariationalOptimizer):
             step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹
                 [grads[k] for k in ks], [means[k] for k in ks], a_inv, s_inv, gamma_in=gamma_in
             )
-            pending.append((i, ks, st, new, self._heavy_ball(group, step, st, new)))
+            pending.append((i, ks, st, new, step))
+        if self._kl_clip(group) is not None:  # the trust region (one ν for the group)
+            nu = self._trust_region(
+                group,
+                [step for *_, step in pending],
+                [self._join(i, [grads[k] + gamma_in * means[k] for k in ks]) for i, ks, *_ in pending],
+            )
+            pending = [(i, ks, st, new, step * nu.to(step.dtype)) for i, ks, st, new, step in pending]
+        pending = [
+            (i, ks, st, new, self._heavy_ball(group, step, st, new)) for i, ks, st, new, step in pending
+        ]
         for i, ks, st, new, step in pending:
             st.update(new)
             for k, part in zip(ks, self._split(i, step), strict=True):

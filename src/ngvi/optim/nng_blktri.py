@@ -24,8 +24,9 @@ reading only the previous layer's output (checked in every sample; branches and 
 :func:`~ngvi.curvature.tridiagonal.lam_sqrt`'s, which is independent of the eigenbasis that degenerate factors
 leave arbitrary, so ranks and reruns draw alike.
 Schedules, the start (``init_prec``: A₀ = S₀ = I by default, none between layers; ``None``: zeros and the
-warm start), momentum and the defaults are the family's (:mod:`ngvi.optim.kronecker`); the experiments pin
-NNG's settings (lr 10⁻³, β 10⁻³ or 0.01, their momentum) explicitly.
+warm start), momentum, the trust region (``kl_clip``) and the defaults are the family's
+(:mod:`ngvi.optim.kronecker`); the experiments pin NNG's settings (lr 10⁻³, β 10⁻³ or 0.01, their momentum)
+explicitly.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class NNGBlkTri(KroneckerFamily):
         curvature: str = "ef",
         *,
         init_prec: float | str | None = DEFAULTS["init_prec"],
+        kl_clip: float | str | None = DEFAULTS["kl_clip"],
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -90,7 +92,7 @@ class NNGBlkTri(KroneckerFamily):
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum,
             prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
-            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec,
+            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=mc_samples, **engine_kwargs)
 
@@ -232,6 +234,9 @@ class NNGBlkTri(KroneckerFamily):
             for i, ks in enumerate(layers)
         ]  # V = ĝ + γ_in μ
         steps = precondition(chain, v)  # F̂_γ⁻¹ V = Ξᵀ Λ Ξ V
+        if self._kl_clip(group) is not None:  # the family's trust region (kronecker.py)
+            nu = self._trust_region(group, steps, v)
+            steps = [step * nu.to(step.dtype) for step in steps]
         for st, nw, step, ks, i in zip(current, new, steps, layers, range(len(layers)), strict=True):
             step = self._heavy_ball(group, step, st, nw)
             st.update(nw)

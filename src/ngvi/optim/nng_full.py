@@ -55,6 +55,7 @@ class NNGFull(KroneckerFamily):
             F̄₀ = (λ/N)(c − 1/η)·I, q₀ with precision c; both then follow the plain EMA. ``None``: F̄₀ = 0
             and the running mean for the first 1/β updates (K-FAC's warm start), so q starts at the prior.
             The other defaults are the family's (:mod:`ngvi.optim.kronecker`).
+        kl_clip: the family's trust region κ on the natural step (:mod:`ngvi.optim.kronecker`).
         max_params: refuse models with more parameters than this (D² numbers per matrix).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
     """
@@ -78,6 +79,7 @@ class NNGFull(KroneckerFamily):
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
         init_prec: float | str | None = DEFAULTS["init_prec"],
+        kl_clip: float | str | None = DEFAULTS["kl_clip"],
         max_params: int = 4096,
         **engine_kwargs: Any,
     ):
@@ -97,7 +99,7 @@ class NNGFull(KroneckerFamily):
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum,
             prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
-            inv_every=inv_every, init_prec=init_prec,
+            inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=mc_samples, **engine_kwargs)
 
@@ -158,7 +160,10 @@ class NNGFull(KroneckerFamily):
             new.update(self._inverses(group, fisher))
         inverse = new.get("inverse", st["inverse"])
         v = flatten(list(grads)).add_(flatten(list(means)), alpha=self.intrinsic_damping(group))
-        step = self._heavy_ball(group, inverse @ v, st, new)  # (10): (F̄ + γI)⁻¹ (ĝ + γ_in μ)
+        step = inverse @ v  # (10): (F̄ + γI)⁻¹ (ĝ + γ_in μ)
+        if self._kl_clip(group) is not None:  # the family's trust region (kronecker.py)
+            step = step * self._trust_region(group, [step], [v]).to(step.dtype)
+        step = self._heavy_ball(group, step, st, new)
         st.update(new)
         for mean, part in zip(means, unflatten(step, [m.shape for m in means]), strict=True):
             mean.add_(part, alpha=-group["lr"])

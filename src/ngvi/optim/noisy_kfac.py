@@ -74,6 +74,8 @@ class NoisyKFAC(KroneckerFamily):
         prior_var: η of the prior N(0, ηI) (default 1).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
         init_prec: where q starts: ``"auto"`` (A₀ = S₀ = I), ``None`` (the prior, with the warm start) or a
             precision (see the module docstring).
+        kl_clip: the trust region κ on the natural step (:mod:`ngvi.optim.kronecker`): ``"auto"`` (10⁻² unless
+            ``init_prec=None``), a number, or None (off).
         prior_prec: the prior's precision 1/η, the name every ngvi optimizer accepts (give one of the two).
         stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.
         curvature: "ef" (the closure's own loss) or "fisher" (targets sampled from ``likelihood``).
@@ -102,6 +104,7 @@ class NoisyKFAC(KroneckerFamily):
         curvature: str = "ef",
         *,
         init_prec: float | str | None = DEFAULTS["init_prec"],
+        kl_clip: float | str | None = DEFAULTS["kl_clip"],
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -121,7 +124,7 @@ class NoisyKFAC(KroneckerFamily):
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum,
             prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
-            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec,
+            stats_every=stats_every, inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=mc_samples, sampling=sampling, **engine_kwargs)
 

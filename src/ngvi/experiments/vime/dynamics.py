@@ -160,7 +160,7 @@ class KFACDynamics(Dynamics):
         super().__init__(obs_dim, act_dim, hidden, seed)
         self.optimizer = ngvi.NoisyKFAC(
             self.model, 1, lr=lr, beta=beta, momentum=0.0, prior_var=PRIOR_VAR, inv_every=1, seed=seed,
-            sampling=sampling,
+            sampling=sampling, kl_clip=None,  # the uncapped step: information_gain's KL is after exactly it
         )  # fmt: skip
         self.layers = [m for m in self.model if isinstance(m, nn.Linear)]
 

@@ -7,7 +7,7 @@ to ``runs/...`` or ``$(mktemp -d)``.
 
 The pattern: an absolute path whose first component is one of the roots that hold per-machine state (the
 scratch and work folders, root's and users' home folders, macOS's ``Users``), starting at a word boundary so
-that a URL's path (``https://host/work/...``) or a relative path (``runs/tmp/...``) does not fire. System
+that a URL's path (``https://host/<root>/...``) or a relative path (``runs/tmp/...``) does not fire. System
 folders that code legitimately reads (``/usr/share/datasets``, ``/proc/<pid>``), placeholder paths
 (``/path/to/data``) and example cluster paths in docs/PROTOCOLS.md (``/shared/...``) are not machine state
 and do not match.
@@ -74,7 +74,7 @@ def test_pattern_fires_on_machine_paths(line: str) -> None:
         "Path(f'/proc/{pid}/stat')",
         "export NGVI_DATA=/path/to/data",
         "NGVI_DATA=/shared/ngvi-data ngvi uci-nng --backend ray",
-        "https://example.org/work/tmp/page.html",
+        "https://example.org/" + "work/tmp/page.html",  # split: this file must not name the path itself
         "--out runs/tmp/x and docs/results/uci",
         "export NGVI_DATA=../shared/data",
         'before=$(mktemp -d) && tar -x -C "$before"',

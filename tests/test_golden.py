@@ -1,5 +1,9 @@
-"""Every trainer's trajectory stays bitwise what it was at the reference commit (main before the architecture
-refactor), computed with pinned numerics in a child process (see ``tests/golden/trajectories.py``).
+"""Every trainer's trajectory stays bitwise what it was recorded as, computed with pinned numerics in a child
+process (see ``tests/golden/trajectories.py``). Two recordings: the default paths' (re-recorded when the flat
+buffers drew one ε per bucket instead of one per parameter, a new random stream) and the one before them
+(main before the architecture refactor), which the per-tensor path (``flat=False``) must still compute bit for
+bit: fed the same ε, the old engine and the new one agree (``tests/optim/test_flat.py`` checks the flat path
+against the per-tensor one directly).
 
 Bits are checked wherever this CPU type's numerics were recorded (its fingerprint, or the same digests). On a
 CPU type never recorded, the final values are compared with the recorded ones to |got − recorded| ≤ ATOL +
@@ -25,12 +29,18 @@ sys.path.insert(0, str(Path(__file__).with_name("golden")))
 import trajectories as golden
 
 RECORDED = json.loads(golden.FILE.read_text())
+RECORDED_PER_TENSOR = json.loads(golden.PER_TENSOR_FILE.read_text())
 RECORDED_UCI = json.loads(golden.UCI_FILE.read_text())
 
 
 @cache
 def computed() -> dict:
     return json.loads(golden.run_pinned())
+
+
+@cache
+def computed_per_tensor() -> dict:
+    return json.loads(golden.run_pinned("--per-tensor"))
 
 
 def check_against_recordings(key: str, digests: dict, values: dict, fingerprint: str, recorded: dict) -> None:
@@ -56,10 +66,19 @@ def test_trajectory_is_bitwise_unchanged(case):
     check_against_recordings(key, got["digests"][key], got["values"][key], got["fingerprint"], RECORDED)
 
 
-def test_every_recorded_case_is_run():
+@pytest.mark.parametrize("case", golden.all_cases(), ids=lambda c: golden.case_id(*c))
+def test_the_per_tensor_path_is_bitwise_the_recording_before_flat_buffers(case):
+    key, got = golden.case_id(*case), computed_per_tensor()
+    check_against_recordings(
+        key, got["digests"][key], got["values"][key], got["fingerprint"], RECORDED_PER_TENSOR
+    )
+
+
+@pytest.mark.parametrize("recorded", [RECORDED, RECORDED_PER_TENSOR], ids=["default", "per_tensor"])
+def test_every_recorded_case_is_run(recorded):
     cases = {golden.case_id(*c) for c in golden.all_cases()}
-    assert set(RECORDED["values"]) == cases
-    assert all(set(m) == cases for m in RECORDED["digests"].values())
+    assert set(recorded["values"]) == cases
+    assert all(set(m) == cases for m in recorded["digests"].values())
 
 
 def test_value_tolerance_catches_a_real_change():

@@ -1,9 +1,11 @@
 """Golden trajectories: every trainer's posterior after a dozen seeded steps, pinned bit for bit.
 
-Recorded at the reference commit e6e6de6 (main before the architecture refactor) and checked by
-``tests/test_golden.py``: refactors must keep every trajectory **bitwise** identical. A change that is meant
-to alter a trajectory (a new random stream, a fixed bug) re-records in the same commit (``--record``) and
-says why in its message.
+Checked by ``tests/test_golden.py``: refactors must keep every trajectory **bitwise** identical. A change
+that is meant to alter a trajectory (a new random stream, a fixed bug) re-records in the same commit
+(``--record``) and says why in its message. The recording of the reference commit e6e6de6 (main before the
+architecture refactor) is kept as ``trajectories_per_tensor.json``: the flat buffers of the element-wise rules
+draw one ε per bucket (a new stream, so ``trajectories.json`` was re-recorded with them), and the per-tensor
+path (``--per-tensor``: every optimizer as with ``flat=False``) must still compute the old recording.
 
 Runs happen in a child process with pinned numerics (:data:`PINNED_ENV`: ATen's scalar kernels, MKL's
 reproducible mode, one thread, no oneDNN). That makes them repeatable on one machine, but not identical
@@ -43,6 +45,9 @@ from ngvi.baselines import BBVI, MAP, MCDropout
 STEPS = 12
 N = 64  # data_size
 FILE = Path(__file__).with_name("trajectories.json")
+#: the recording before the flat buffers (one draw per bucket changed the stream): the per-tensor path
+#: (``--per-tensor``, every optimizer as with ``flat=False``) must still compute it bit for bit
+PER_TENSOR_FILE = FILE.with_name("trajectories_per_tensor.json")
 UCI_FILE = FILE.with_name("uci_yacht_split0.json")
 UCI_COMMAND = (
     "uci --datasets yacht --methods vadam,bbvi,mc_dropout,vogn,noisy_kfac --splits 1 --tune none --jobs 1"
@@ -392,12 +397,17 @@ def main() -> None:
     parser.add_argument("--add-machine", action="store_true", help="add this CPU type's recording")
     parser.add_argument("--uci", metavar="OUT", help=f"run `ngvi {UCI_COMMAND}` into OUT")
     parser.add_argument("--data-dir", help="the benchmark data (for --uci and recording)")
+    parser.add_argument("--per-tensor", action="store_true", help="every optimizer on its per-tensor path")
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in PINNED_ENV.items()):
         print(run_pinned(*sys.argv[1:]), end="")
         return
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = False  # oneDNN picks kernels by instruction set
+    if args.per_tensor:  # as if each optimizer were built with flat=False
+        from ngvi.optim.engine import flat
+
+        flat.enabled = lambda opt: False
     if args.uci:
         run_uci(args.uci, args.data_dir)
         (Path(args.uci) / "fingerprint.txt").write_text(numerics_fingerprint())
@@ -406,7 +416,13 @@ def main() -> None:
     if not (args.record or args.add_machine):
         print(json.dumps(got, sort_keys=True))
         return
-    record(FILE, got["digests"], got["values"], got["fingerprint"], args.add_machine)
+    record(
+        PER_TENSOR_FILE if args.per_tensor else FILE,
+        got["digests"],
+        got["values"],
+        got["fingerprint"],
+        args.add_machine,
+    )
     if args.data_dir:
         import tempfile
 

@@ -159,7 +159,7 @@ def test_accumulator_means_are_the_sample_means():
 
 def test_accumulator_keeps_the_first_gradient_by_reference_only_when_asked():
     model = _Model()
-    opt = ngvi.Vadam(model.parameters(), 10, seed=0)
+    opt = ngvi.Vadam(model.parameters(), 10, seed=0, flat=False)  # the per-tensor path (flat: a copy)
     for keep in (True, False):
         acc = SampleAccumulator()
         model.a.grad, model.b.grad = torch.ones(3), torch.ones(2)

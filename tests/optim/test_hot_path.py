@@ -38,7 +38,8 @@ def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info):
     runs = []
     for force_plain in (False, True):
         model = wide_mlp()
-        opt = info.build(model, seed=3, **({"mc_samples": 2} if info.mc_samples else {}))
+        # the per-tensor path (flat=False): the flat one is checked against it in test_flat.py
+        opt = info.build(model, seed=3, flat=False, **({"mc_samples": 2} if info.mc_samples else {}))
         if force_plain:
             opt.__class__ = plain(opt)
             assert not opt._elementwise

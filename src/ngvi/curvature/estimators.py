@@ -72,6 +72,7 @@ class CurvatureEstimator:
     create_graph = False  #: the backward pass keeps its graph
     local = False  #: computed from this rank's data: averaged over ranks under torch.distributed
     backward_in_step = False  #: the optimizer runs the backward pass itself (sampled targets)
+    elementwise = False  #: ĥ of each weight from that weight's ĝ, ε and σ alone (flat buffers allowed)
 
     def estimate(self, sample: CurvatureInput) -> TensorList | None:
         raise NotImplementedError
@@ -94,6 +95,7 @@ class GradientSquares(CurvatureEstimator):
     """ĥ = ĝ², the squared minibatch gradient (Vadam, Vprop, noisy Adam, VadaGrad)."""
 
     name = "grad2"
+    elementwise = True
 
     def estimate(self, sample: CurvatureInput) -> TensorList:
         return sample.grads.square()
@@ -104,6 +106,7 @@ class Price(CurvatureEstimator):
 
     name = "price"
     needs_noise = True
+    elementwise = True
 
     def estimate(self, sample: CurvatureInput) -> TensorList:
         return (sample.grads * sample.noise).mul_(sample.sqrt_precision())

@@ -17,7 +17,7 @@ from torch import Tensor
 from ... import distributed as dist_util
 from ..._tensorlist import TensorList
 from ...curvature.estimators import CurvatureInput
-from . import mixed_precision
+from . import flat, mixed_precision
 
 __all__ = ["GroupSums", "SampleAccumulator"]
 
@@ -30,6 +30,16 @@ class GroupSums:
     params: list[Tensor]
     grads: TensorList
     curvs: TensorList | None
+    bucket: flat.Bucket | None = None  # the sums are the bucket's flat tensors (one per list)
+
+    def per_param(self) -> tuple[list[Tensor], list[Tensor]]:
+        """The gradients and curvatures one tensor per parameter (1-D pieces of a bucket's sums), for the
+        per-parameter finiteness flags and messages."""
+        curvs = self.curvs.tensors if self.curvs is not None else []
+        if self.bucket is None:
+            return self.grads.tensors, curvs
+        cut = self.bucket.pieces
+        return list(cut(self.grads[0])), list(cut(curvs[0])) if curvs else []
 
 
 class SampleAccumulator:
@@ -38,6 +48,7 @@ class SampleAccumulator:
     def __init__(self) -> None:
         self.grads: dict[Tensor, Tensor] = {}
         self.curvs: dict[Tensor, Tensor] = {}
+        self.buckets: list[tuple[dict[str, Any], flat.Bucket]] = []  # (group, bucket) with pending sums
         self.count = 0
 
     def params(self, group: dict[str, Any]) -> list[Tensor]:
@@ -55,11 +66,13 @@ class SampleAccumulator:
                 continue
             if any(p.grad.is_sparse for p in params):
                 raise RuntimeError(f"{type(opt).__name__} does not support sparse gradients")
+            if self._add_flat(opt, group, params):
+                continue
             states = [opt.state_of(group, p) for p in params]
             grads = TensorList(mixed_precision.upcast(opt, p, p.grad.detach()) for p in params)
             curvs = None
             if est is not None:
-                noise = TensorList(opt.noise_source.buffer(p) for p in params) if opt.needs_noise else None
+                noise = TensorList(flat.noise_of(opt, p) for p in params) if opt.needs_noise else None
                 sqrt_prec = _sqrt_precision(opt, group, params, states)
                 sample = CurvatureInput(
                     group, params, grads, noise, states, sqrt_prec, opt.noise_source.generator, opt.num_steps
@@ -72,15 +85,62 @@ class SampleAccumulator:
                     _add(self.curvs, p, mixed_precision.upcast(opt, p, curvs[i]), keep_ref=True)
         self.count += 1
 
+    def _add_flat(self, opt: Any, group: dict[str, Any], params: list[Tensor]) -> bool:
+        """The sample of a group whose parameters all have a gradient, into its buckets' flat sums (True),
+        or False for the per-tensor path."""
+        trainable = opt.trainable(group)
+        if not flat.enabled(opt) or len(params) != len(trainable) or any(p in self.grads for p in params):
+            return False
+        buckets = flat.buckets_of(opt, group, params, [opt.state_of(group, p) for p in params])
+        if buckets is None:
+            return False
+        est = opt.curvature_estimator
+        for b in buckets:
+
+            def estimate(grads: Tensor, b: flat.Bucket = b) -> Tensor | None:
+                if est is None:
+                    return None
+                noise = TensorList([opt.noise_source.buffer(b.param_flat)]) if opt.needs_noise else None
+                kept = opt._sqrt_prec.get(b.param_flat)
+                sample = CurvatureInput(
+                    group,
+                    b.params,
+                    TensorList([grads]),
+                    noise,
+                    [b.state],
+                    (lambda: TensorList([kept])) if kept is not None else lambda: _sqrt(opt, group, b),
+                    opt.noise_source.generator,
+                    opt.num_steps,
+                )
+                with torch.no_grad():
+                    curv = est.estimate(sample)[0]
+                return curv if curv.dtype == b.mu.dtype else curv.to(b.mu.dtype)
+
+            first = all(b is not pending for _, pending in self.buckets)
+            flat.add_sample(b, first, estimate)
+            if first:
+                self.buckets.append((group, b))
+        return True
+
     def clear(self) -> None:
         self.grads.clear()
         self.curvs.clear()
+        for _, b in self.buckets:
+            b.curv = None
+        self.buckets.clear()
         self.count = 0
 
     def sums(self, param_groups: list[dict[str, Any]]) -> list[GroupSums]:
         """The pending sums of each group that has any, in the groups' parameter order."""
         out = []
         for group in param_groups:
+            out += [
+                GroupSums(
+                    g, b.params, TensorList([b.grad]), None if b.curv is None else TensorList([b.curv]), b
+                )
+                for g, b in self.buckets
+                if g is group
+            ]
             params = self.params(group)
             if not params:
                 continue
@@ -138,7 +198,8 @@ class SampleAccumulator:
         where = []
         for s in sums:
             gi = next(i for i, g in enumerate(param_groups) if g is s.group)
-            bad = set(s.grads.nonfinite_indices()) | set(s.curvs.nonfinite_indices() if s.curvs else [])
+            grads, curvs = s.per_param()
+            bad = set(TensorList(grads).nonfinite_indices()) | set(TensorList(curvs).nonfinite_indices())
             for k in sorted(bad):
                 j = next(i for i, q in enumerate(s.group["params"]) if q is s.params[k])
                 where.append(f"param_groups[{gi}]['params'][{j}] (shape {tuple(s.params[k].shape)})")
@@ -151,6 +212,10 @@ def _sqrt_precision(opt: Any, group: dict[str, Any], params: list[Tensor], state
     if opt.needs_noise and all(p in opt._sqrt_prec for p in params):
         return lambda: TensorList(opt._sqrt_prec[p] for p in params)
     return lambda: opt._precision(group, states).sqrt_()
+
+
+def _sqrt(opt: Any, group: dict[str, Any], b: flat.Bucket) -> TensorList:
+    return opt._precision(group, [b.state]).sqrt_()
 
 
 def _add(acc: dict[Tensor, Tensor], p: Tensor, value: Tensor, keep_ref: bool) -> None:

@@ -93,6 +93,7 @@ class NoiseSource:
         self._negated = False  # antithetic: the buffers hold −ε
         self._reseed_to: int | None = None
         self._index = 0  # chunked: the position of the next parameter in the current draw
+        self._replay = False  # antithetic: the pair's ε must be redrawn at the next draw (redraw_pair)
 
     # -- generators and their state --------------------------------------------------------------------
     def generator(self, device: torch.device) -> torch.Generator:
@@ -126,7 +127,8 @@ class NoiseSource:
 
     # -- one draw --------------------------------------------------------------------------------------------
     def begin_draw(self, params: list[Tensor]) -> bool:
-        """Start a sample over ``params``; returns True for the second of an antithetic pair (ε ← −ε)."""
+        """Start a sample over ``params`` (what each ε is drawn for, in draw order: parameters or the engine's
+        flat buckets); returns True for the second of an antithetic pair (ε ← −ε)."""
         if self.rank_noise == "independent" and dist_util.is_distributed():
             # each draw's stream depends only on (seed, rank, draw counter)
             seed = dist_util.rank_seed(self.seed, dist_util.rank(), self.num_draws)
@@ -135,6 +137,8 @@ class NoiseSource:
             self._reseed_to = seed  # generators created later in this draw start here too
         self._index = 0
         reuse = self.mode == "antithetic" and self.pair_start is not None
+        if reuse and self._replay:
+            self._replay_pair(params)
         if self.mode == "antithetic" and not reuse:
             for p in params:  # the generators this draw will use exist before the pair's state is taken
                 self.generator(p.device)
@@ -176,6 +180,9 @@ class NoiseSource:
         """ε = 0 for a parameter the draw leaves at μ (it is sampled elsewhere); no RNG is consumed."""
         return self._buffers.setdefault(p, torch.zeros_like(p))
 
+    def has_buffer(self, p: Tensor) -> bool:
+        return p in self._buffers
+
     def buffer(self, p: Tensor) -> Tensor:
         """The kept ε of p's current sample."""
         return self._buffers[p]
@@ -193,14 +200,17 @@ class NoiseSource:
         self._index += 1
         return chunked_normal_(out, seed, self.num_draws, self._index - 1)
 
-    @torch.no_grad()
-    def redraw_pair(self, params: list[Tensor]) -> None:
-        """After a load or an unpickling mid antithetic pair: redraw the pair's ε from its saved RNG state (so
-        the next sample is −ε, as without the interruption), then go back to the current RNG state."""
+    def redraw_pair(self) -> None:
+        """After a load, an unpickling or a failed draw mid antithetic pair: the pair's ε is redrawn from its
+        saved RNG state at the next draw (so that sample is −ε, as without the interruption)."""
         self._buffers.clear()
         self._negated = False
-        if self.pair_start is None:
-            return
+        self._replay = self.pair_start is not None
+
+    @torch.no_grad()
+    def _replay_pair(self, params: list[Tensor]) -> None:
+        """The pair's first ε again, from its saved RNG state, then back to the current RNG state."""
+        self._replay = False
         now = self.rng_state()
         self.set_rng_state(self.pair_start)
         for p in params:
@@ -221,13 +231,13 @@ class NoiseSource:
             out["pair_start"] = self.pair_start
         return out
 
-    def load_state_dict(self, state: dict[str, Any], params: list[Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = int(state["seed"])
         self.num_draws = int(state.get("num_draws", 0))
         self._generators.clear()
         self.set_rng_state(state["rng"])
         self.pair_start = state.get("pair_start") if self.mode == "antithetic" else None
-        self.redraw_pair(params)
+        self.redraw_pair()
 
     def __getstate__(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("_generators", "_buffers", "_negated")}

@@ -72,6 +72,9 @@ class VariationalOptimizer(Optimizer):
         finite_check: where a non-finite step is decided: ``"host"`` (default: one value read back per
             step) or ``"device"`` (no read: the update is masked on the device and the error comes at the
             next step or ``check_finite()``); :mod:`.device_check` gives the semantics and the costs.
+        flat: ``None`` (default) or True: element-wise rules keep μ, θ, the state and the sums of each
+            parameter group in flat buffers, one kernel per pass (:mod:`.flat`); False: one tensor per
+            parameter (the reference path, as torch.optim's ``foreach=False``).
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction
@@ -107,6 +110,8 @@ class VariationalOptimizer(Optimizer):
         "_rng_checkpoint",
         "_pending_checks",
         "_bound",
+        "_buckets",
+        "_thetas",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -136,7 +141,9 @@ class VariationalOptimizer(Optimizer):
         compile: bool = False,
         fp32_state: bool = True,
         finite_check: str = "host",
+        flat: bool | None = None,
     ):
+        self.flat = None if flat is None else check.boolean("flat", flat)
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
         self.finite_check = check.choice("finite_check", finite_check, CHECKS)
         if finite_check == "device" and not self.maskable_update:
@@ -161,6 +168,8 @@ class VariationalOptimizer(Optimizer):
 
     def _init_transient(self) -> None:
         self._means: dict[Tensor, Tensor] = {}  # μ while the parameters hold a sample
+        self._thetas: dict[Tensor, Tensor] = {}  # θ's tensor of each parameter where the draw kept it
+        self._buckets: dict[int, list] = {}  # id(group) → its flat buckets (:mod:`.flat`)
         self._bound: sample_guard.Bound = {}  # θ's tensors and version counters, checked at end_sample
         self._sqrt_prec: dict[Tensor, Tensor] = {}  # √precision of the current sample (needs_noise)
         self._in_sample = False
@@ -289,7 +298,7 @@ class VariationalOptimizer(Optimizer):
         super().__setstate__(state)
         self.accumulator = SampleAccumulator()
         self._init_transient()
-        self.noise_source.redraw_pair(self._all_trainable())
+        self.noise_source.redraw_pair()
 
     # -- sampling ------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -345,7 +354,7 @@ class VariationalOptimizer(Optimizer):
         self._backward_done = False
         if perturb:
             draw(self, train)  # on error: parameters and noise as before
-            self._bound = sample_guard.bound(self._means)
+            self._bound = sample_guard.bound(self._means, self._thetas)
         self._in_sample = True  # plugins see the sample (mean_of gives μ)
         plugins = contextlib.ExitStack()
         try:
@@ -405,6 +414,7 @@ class VariationalOptimizer(Optimizer):
         for p, mean in self._means.items():  # μ never left its tensors: rebind (see perturbation)
             p.data = mean
         self._means.clear()  # θ's tensors are freed: the update's temporaries can use the memory
+        self._thetas.clear()
         self._bound = {}
 
     # -- backward, accumulation and the step --------------------------------------------------------------
@@ -493,6 +503,9 @@ class VariationalOptimizer(Optimizer):
         with torch.no_grad():
             acc.mean_(sums)
             for s in sums:
+                if s.bucket is not None:
+                    self._update_bucket(s, bad)
+                    continue
                 states = [self.state[p] for p in s.params]
                 for state in states:
                     state["step"] += 1
@@ -517,10 +530,19 @@ class VariationalOptimizer(Optimizer):
         _diagnostics.after_step(self)  # warns once if the variance is frozen or at the float limits
         return loss
 
+    def _update_bucket(self, s: Any, bad: Tensor | None) -> None:
+        """The rule's update on a bucket's flat tensors, as on one parameter (:mod:`.flat`)."""
+        b = s.bucket
+        b.state["step"] += 1
+        with contextlib.nullcontext() if bad is None else masked(b.written(), bad):
+            self._update(s.group, TensorList([b.mu]), s.grads, s.curvs, [b.state])
+            b.write_back()
+        b.sync_state()
+
     def _flag_on_device(self, sums: list[Any], loss: Tensor | None) -> Tensor:
         """The device path's check (:mod:`.device_check`): a 0-dim bool on the device, True when any ĝ, ĥ
         or the loss of this step is non-finite on any rank; the per-tensor flags go to the host unread."""
-        checked = [t for s in sums for t in (*s.grads, *(s.curvs or []))]
+        checked = [t for s in sums for part in s.per_param() for t in part]
         checked += [] if loss is None else [loss.detach().reshape(1)]
         flags = nonfinite_flags(checked)
         bad = agreed(flags.any())

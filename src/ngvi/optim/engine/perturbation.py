@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..._tensorlist import TensorList
 from .. import functional as F
-from . import mixed_precision
+from . import flat, mixed_precision
 
 
 @torch.no_grad()
@@ -30,12 +30,24 @@ def draw(opt: Any, train: bool) -> None:
     checkpoint = noise.checkpoint()
     done: list[Tensor] = []
     try:
-        reuse = noise.begin_draw(opt._all_trainable())
+        plan = []
         for group in opt.param_groups:
             params = opt.trainable(group)
-            if not params:
+            if params:
+                states = [opt.state_of(group, p) for p in params]
+                use_flat = opt.diagonal_perturb and flat.enabled(opt)
+                plan.append(
+                    (group, params, states, flat.buckets_of(opt, group, params, states) if use_flat else None)
+                )
+        # what each ε is drawn for, in order: a bucket's flat tensor or a parameter
+        keys = [k for _, ps, _, bs in plan for k in (ps if bs is None else [b.param_flat for b in bs])]
+        reuse = noise.begin_draw(keys)
+        for group, params, states, buckets in plan:
+            if buckets is not None:  # one pass per bucket (:mod:`.flat`)
+                for b in buckets:
+                    done.extend(b.params)
+                    flat.perturb(opt, group, b, reuse, sqrt_prec_and_sigma)
                 continue
-            states = [opt.state_of(group, p) for p in params]
             means = [p.detach() for p in params]  # μ stays in these tensors; the parameters are rebound
             for p, mean in zip(params, means, strict=True):
                 opt._means[p] = mean
@@ -59,11 +71,14 @@ def draw(opt: Any, train: bool) -> None:
         noise.end_draw(reuse)
     except BaseException:
         for p in done:
-            p.data = opt._means.pop(p)
+            mean = opt._means.pop(p, None)
+            if mean is not None:
+                p.data = mean
         opt._sqrt_prec.clear()
+        opt._thetas.clear()
         noise.rollback(checkpoint)
         if noise.mode == "antithetic":  # some buffers may have been flipped: redraw the pair's ε
-            noise.redraw_pair(opt._all_trainable())
+            noise.redraw_pair()
         raise
 
 
@@ -80,18 +95,9 @@ def perturb_diagonal(
     ``torch.addcmul(μ, ε, σ, out=θ)`` forms θ: the kernel and operand order of ``p.addcmul_(ε, σ)``, so the
     result is bitwise that of ``VariationalOptimizer._perturb``."""
     noise = opt.noise_source
-    fused = opt.compile and hasattr(opt, "_precision_core")  # one compiled loop: precision → √ → 1/√
     sources = [mixed_precision.mean(opt, p) for p in params]  # μ in the state's precision
     for part in slices(params, opt._elementwise and not opt.compile):
-        if fused:
-            core, lists, hyper = opt._precision_core(group, states[part])
-            sqrt_prec, sigma = F.run_core(
-                F.diagonal_sigma, *lists, precision=core, keep_sqrt=opt.needs_noise, compile=True, **hyper
-            )
-            sigma = TensorList(sigma)
-        else:
-            sqrt_prec = opt._precision(group, states[part]).sqrt_()
-            sigma = sqrt_prec.reciprocal() if opt.needs_noise else sqrt_prec.reciprocal_()
+        sqrt_prec, sigma = sqrt_prec_and_sigma(opt, group, states[part])
         if opt.needs_noise:  # the curvature reads ĝ⊙ε·√precision: keep √precision for this sample
             opt._sqrt_prec.update(zip(params[part], sqrt_prec, strict=True))
         if noise.keep:
@@ -107,6 +113,21 @@ def perturb_diagonal(
             theta = noise.into(torch.empty_like(src, memory_format=torch.preserve_format))
             theta = torch.addcmul(src, theta, s, out=theta)
             p.data = theta if theta.dtype == mean.dtype else theta.to(mean.dtype)
+
+
+def sqrt_prec_and_sigma(
+    opt: Any, group: dict[str, Any], states: list[dict]
+) -> tuple[TensorList | None, TensorList]:
+    """(√precision, σ = 1/√precision) of ``states``; √precision is kept (else None where compiled) only when
+    the curvature reads it. Compiled: one loop precision → √ → 1/√ (:func:`~.functional.diagonal_sigma`)."""
+    if opt.compile and hasattr(opt, "_precision_core"):
+        core, lists, hyper = opt._precision_core(group, states)
+        sqrt_prec, sig = F.run_core(
+            F.diagonal_sigma, *lists, precision=core, keep_sqrt=opt.needs_noise, compile=True, **hyper
+        )
+        return sqrt_prec, TensorList(sig)
+    sqrt_prec = opt._precision(group, states).sqrt_()
+    return sqrt_prec, sqrt_prec.reciprocal() if opt.needs_noise else sqrt_prec.reciprocal_()
 
 
 def slices(params: list[Tensor], elementwise: bool) -> list[slice]:

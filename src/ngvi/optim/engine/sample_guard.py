@@ -25,10 +25,10 @@ from torch import Tensor
 Bound = dict[Tensor, tuple[Tensor, int]]
 
 
-def bound(means: dict[Tensor, Tensor]) -> Bound:
-    """What each sampled parameter (a key of ``means``) holds right after the draw: θ's tensor and the
-    parameter's version counter."""
-    return {p: (p.detach(), p._version) for p in means}
+def bound(means: dict[Tensor, Tensor], thetas: dict[Tensor, Tensor]) -> Bound:
+    """What each sampled parameter (a key of ``means``) holds right after the draw: θ's tensor (from
+    ``thetas`` where the draw kept it) and the parameter's version counter."""
+    return {p: (thetas[p] if p in thetas else p.detach(), p._version) for p in means}
 
 
 def changes(bound_at_draw: Bound) -> list[tuple[Tensor, str]]:

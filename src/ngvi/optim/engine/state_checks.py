@@ -58,7 +58,7 @@ def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
     if extra is not None:
         opt.skipped_steps = int(extra["skipped_steps"])
         opt.num_steps = int(extra["num_steps"])
-        opt.noise_source.load_state_dict(extra, opt._all_trainable())
+        opt.noise_source.load_state_dict(extra)
 
 
 def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:

@@ -1,0 +1,269 @@
+r"""Flat buffers: the element-wise rules' passes as one kernel per parameter group, not one per tensor.
+
+For a rule whose precision and update act weight by weight (``elementwise``) with the default diagonal
+draw, the trainable parameters of a group that share a device and dtype form a :class:`Bucket`: μ, every
+state tensor, θ, ε and the MC sum of ĝ each live in one contiguous tensor, and each parameter (and each of
+its state entries) is a view into it. The rule then runs on the bucket as if it were one parameter: its
+``_precision`` and ``_update`` get one-tensor lists and one state dict (the flat tensors and the scalars the
+parameters share, such as the step), so a pass is one kernel (or one multi-tensor kernel on the few
+per-tensor lists that remain) whatever the number of tensors, and one ``normal_`` draws ε for the bucket.
+
+The same arithmetic on the same operands: fed the same ε, the per-tensor path and this one give bitwise the
+same trajectories (``tests/optim/test_flat.py``). The random stream differs from the per-tensor path's (one
+draw per bucket, not one per parameter), which is why the golden trajectories were re-recorded with it.
+
+A bucket is built at the first draw and checked at each one (metadata only: the tensor each parameter and
+state entry is bound to, and the scalars): a parameter rebound since (``model.to()``, ``p.data = ...``), a
+state replaced (``load_state_dict``, ``opt.state.clear()``) or parameters that no longer step together
+(one without a gradient) rebuild it or fall back to the per-tensor path, never silently use stale buffers.
+Buffers kept between steps: θ and the gradient sum, one parameter-sized tensor each (the per-tensor path
+allocated θ at each draw and summed into ``p.grad``'s own tensor). :func:`enabled` is the one place that
+chooses the path.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import mixed_precision
+
+
+def enabled(opt: Any) -> bool:
+    """Whether ``opt`` keeps flat buckets: asked for (``flat=None`` or ``True``), an element-wise rule with
+    the default diagonal draw, and a curvature estimator that acts weight by weight."""
+    est = opt.curvature_estimator
+    return bool(
+        opt.flat is not False
+        and opt._elementwise
+        and opt.diagonal_perturb
+        and not opt.local_params
+        and (est is None or getattr(est, "elementwise", False))
+    )
+
+
+def _views(flat: Tensor, like: list[Tensor]) -> list[Tensor]:
+    out, start = [], 0
+    for t in like:
+        out.append(flat[start : start + t.numel()].view(t.shape))
+        start += t.numel()
+    return out
+
+
+@torch.no_grad()
+def _flatten(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+    """One new contiguous tensor holding ``tensors`` one after the other, and its views shaped like them."""
+    flat = tensors[0].new_empty(sum(t.numel() for t in tensors))
+    views = _views(flat, tensors)
+    for view, t in zip(views, tensors, strict=True):
+        view.copy_(t)
+    return flat, views
+
+
+class Bucket:
+    """The trainable parameters of one group that share a device and dtype, flattened (see the module).
+
+    Attributes: ``params``; ``states`` (their state dicts); ``param_flat`` (the parameters' values, whose
+    views the parameters are bound to between samples); ``mu`` (μ as the rule updates it: ``param_flat``,
+    or the float32 master of promoted parameters); ``state`` (the rule's one state dict for the bucket);
+    ``theta`` and ``grad`` (θ and the sum of ĝ, kept between steps) with their views; ``curv`` (the sum of
+    ĥ while a step is pending). ``param_flat`` also keys the bucket's ε and √precision in the engine's
+    dictionaries.
+    """
+
+    def __init__(self, opt: Any, params: list[Tensor], states: list[dict[str, Any]]) -> None:
+        self.params, self.states = params, states
+        self.numels = [p.numel() for p in params]
+        self.position = {p: i for i, p in enumerate(params)}
+        self.promoted = mixed_precision.promoted(opt, params[0])
+        with torch.no_grad():
+            self.param_flat, self.param_views = _flatten([p.detach() for p in params])
+            for p, view in zip(params, self.param_views, strict=True):
+                p.data = view
+            self.flat: dict[str, Tensor] = {}
+            self.views: dict[str, list[Tensor]] = {}
+            for key in [k for k, v in states[0].items() if isinstance(v, Tensor)]:
+                self.register(key, *_flatten([st[key] for st in states]))
+            self.scalars = [k for k, v in states[0].items() if not isinstance(v, Tensor)]
+            self.mu = self.flat["master"] if self.promoted else self.param_flat
+            self.theta = torch.empty_like(self.param_flat)
+            self.theta_views = _views(self.theta, params)
+            self.grad = torch.empty_like(self.mu)
+            self.grad_views = _views(self.grad, params)
+        self.curv: Tensor | None = None
+        self.state: dict[str, Any] = {**{k: states[0][k] for k in self.scalars}, **self.flat}
+
+    def register(self, key: str, flat: Tensor, views: list[Tensor]) -> None:
+        """A flat state tensor: each parameter's state entry becomes its view."""
+        self.flat[key], self.views[key] = flat, views
+        for st, view in zip(self.states, views, strict=True):
+            st[key] = view
+
+    @staticmethod
+    def eligible(params: list[Tensor], states: list[dict[str, Any]]) -> bool:
+        """Parameters that can share buffers: contiguous, not overlapping in memory (tied views would be
+        untied), every state entry shaped like its parameter with one dtype per entry, and the same scalars
+        (they stepped together)."""
+        first = states[0]
+        keys = set(first)
+        if not all(p.is_contiguous() for p in params) or not _disjoint(params):
+            return False
+        for p, st in zip(params, states, strict=True):
+            if set(st) != keys:
+                return False
+            for k, v in st.items():
+                ref = first[k]
+                if isinstance(v, Tensor):
+                    if v.shape != p.shape or v.dtype != ref.dtype or not v.is_contiguous():
+                        return False
+                elif v != ref:
+                    return False
+        return True
+
+    def current(self, params: list[Tensor], states: list[dict[str, Any]]) -> bool:
+        """Still what was built: the same parameters bound to their views, the same state entries, and
+        scalars that agree (metadata only: nothing is read from the device)."""
+        if len(params) != len(self.params) or any(
+            p is not q for p, q in zip(params, self.params, strict=True)
+        ):
+            return False
+        for p, view in zip(params, self.param_views, strict=True):
+            if p.data_ptr() != view.data_ptr() or p.shape != view.shape or p.dtype != view.dtype:
+                return False
+        n_keys = len(self.flat) + len(self.scalars)
+        for i, (st, own) in enumerate(zip(states, self.states, strict=True)):
+            if st is not own or len(st) != n_keys:
+                return False
+            if any(st.get(k) is not views[i] for k, views in self.views.items()):
+                return False
+            if any(st.get(k) != self.state[k] for k in self.scalars):
+                return False
+        return True
+
+    def sync_state(self) -> None:
+        """The scalars of the rule's state (the step, a decayed weight) into every parameter's state, and a
+        state tensor the rule created on the bucket (a lazily made buffer) into views."""
+        for key, value in self.state.items():
+            if isinstance(value, Tensor):
+                if key not in self.flat:
+                    self.register(key, value, _views(value, self.params))
+            else:
+                if key not in self.scalars:
+                    self.scalars.append(key)
+                for st in self.states:
+                    st[key] = value
+
+    def pieces(self, flat: Tensor) -> tuple[Tensor, ...]:
+        """``flat`` cut into one 1-D piece per parameter (one op), for per-parameter checks and messages."""
+        return flat.split(self.numels)
+
+    def written(self) -> list[Tensor]:
+        """What an update writes: μ, the state tensors, and the parameters of a promoted bucket."""
+        out = [self.mu, *(v for k, v in self.flat.items() if v is not self.mu)]
+        return out + ([self.param_flat] if self.promoted else [])
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Round the float32 master into the parameters of a promoted bucket (one copy)."""
+        if self.promoted:
+            self.param_flat.copy_(self.mu)
+
+
+def _disjoint(tensors: list[Tensor]) -> bool:
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+    return all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+
+
+def noise_of(opt: Any, p: Tensor) -> Tensor:
+    """The kept ε of ``p``'s current sample: its own buffer, or its view of its bucket's (the per-tensor path
+    of a step where a parameter had no gradient, after a flat draw)."""
+    noise = opt.noise_source
+    for buckets in opt._buckets.values():
+        for b in buckets:
+            i = b.position.get(p)
+            if i is not None and noise.has_buffer(b.param_flat):
+                return noise.buffer(b.param_flat).narrow(0, sum(b.numels[:i]), b.numels[i]).view(p.shape)
+    return noise.buffer(p)
+
+
+def buckets_of(
+    opt: Any, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]
+) -> list[Bucket] | None:
+    """The group's buckets, checked or rebuilt; None where the group takes the per-tensor path."""
+    cache: dict[int, list[Bucket]] = opt._buckets
+    found = cache.get(id(group))
+    parts = _by_device_and_dtype(params, states)
+    if (
+        found is not None
+        and len(found) == len(parts)
+        and all(b.current(ps, sts) for b, (ps, sts) in zip(found, parts, strict=True))
+    ):
+        return found
+    cache.pop(id(group), None)
+    if not params or not all(Bucket.eligible(ps, sts) for ps, sts in parts):
+        return None
+    cache[id(group)] = [Bucket(opt, ps, sts) for ps, sts in parts]
+    return cache[id(group)]
+
+
+def _by_device_and_dtype(
+    params: list[Tensor], states: list[dict[str, Any]]
+) -> list[tuple[list[Tensor], list[dict[str, Any]]]]:
+    if all(p.dtype == params[0].dtype and p.device == params[0].device for p in params):
+        return [(params, states)]  # the common case, in one pass
+    parts: dict[tuple[torch.dtype, torch.device], tuple[list, list]] = {}
+    for p, st in zip(params, states, strict=True):
+        ps, sts = parts.setdefault((p.dtype, p.device), ([], []))
+        ps.append(p)
+        sts.append(st)
+    return list(parts.values())
+
+
+@torch.no_grad()
+def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: Callable[..., Any]) -> None:
+    """θ = μ + σ⊙ε for the bucket, with one precision pass and one draw, each parameter then bound to its
+    view of θ (μ stays in ``param_flat``, kept in ``opt._means``). ``sigma_of(opt, group, states)`` gives
+    (√precision, σ) as the per-tensor path computes them, here as one-tensor lists."""
+    noise = opt.noise_source
+    sqrt_prec, sigma = sigma_of(opt, group, [b.state])
+    if opt.needs_noise:  # the curvature reads ĝ⊙ε·√precision: kept for this sample, as per tensor
+        opt._sqrt_prec[b.param_flat] = sqrt_prec[0]
+    if noise.keep:  # the curvature reads ε: one kept buffer for the bucket
+        eps = noise.draw(b.param_flat, reuse)
+        eps = eps if eps.dtype == b.mu.dtype else eps.to(b.mu.dtype)
+        out = b.theta if not b.promoted else torch.empty_like(b.mu)
+        torch.addcmul(b.mu, eps, sigma[0], out=out)
+    else:  # ε drawn straight into θ's buffer (in the master's dtype for a promoted bucket)
+        out = noise.into(b.theta if not b.promoted else torch.empty_like(b.mu))
+        torch.addcmul(b.mu, out, sigma[0], out=out)
+    if b.promoted:
+        b.theta.copy_(out)
+    for p, mean, theta in zip(b.params, b.param_views, b.theta_views, strict=True):
+        opt._means[p] = mean
+        opt._thetas[p] = theta
+        p.data = theta
+
+
+@torch.no_grad()
+def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Tensor | None]) -> None:
+    """Add the sample in ``p.grad`` to the bucket's sums: ĝ copied into the flat sum (the first sample), or
+    into θ's buffer (free once μ is restored) and added; ĥ from ``estimate(ĝ)`` on the flat sample."""
+    if first:
+        target, views = b.grad, b.grad_views
+    elif not b.promoted:
+        target, views = b.theta, b.theta_views
+    else:
+        target = torch.empty_like(b.mu)
+        views = _views(target, b.params)
+    torch._foreach_copy_(views, [p.grad for p in b.params])
+    curv = estimate(target)
+    if first:
+        b.curv = curv
+        return
+    b.grad.add_(target)
+    if curv is not None:
+        b.curv.add_(curv)

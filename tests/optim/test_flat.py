@@ -82,13 +82,18 @@ VARIANTS = {
     "antithetic": {"noise": "antithetic"},
     "device_check": {"finite_check": "device"},
     "bfloat16": {"dtype": torch.bfloat16},
+    "chunks": {},  # the CPU's pieces (flat.chunks) at a size these small models reach
 }
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("info", ELEMENTWISE)
-def test_fed_the_same_noise_the_flat_path_is_bitwise_the_per_tensor_path(info, variant, injected_noise):
+def test_fed_the_same_noise_the_flat_path_is_bitwise_the_per_tensor_path(
+    info, variant, injected_noise, monkeypatch
+):
     options = VARIANTS[variant]
+    if variant == "chunks":
+        monkeypatch.setattr(flat_layout, "CPU_CHUNK", 16)
     if "mc_samples" in options and not info.mc_samples:
         pytest.skip(f"{info.name} takes one sample per step")
     runs = []

@@ -4,10 +4,11 @@
     PYTHONPATH=src python -m ngvi.experiments.bench.before_after --before ../ngvi-before/src --threads 1
 
 The older package is imported under the name ``ngvi_before`` (its modules import each other relatively).
-The six diagonal rules of both versions are built as ``ngvi bench`` builds them, each version's own class
-with its defaults (VON at the bench's lr=0.01), and each trains its own copy of the MLP
-784-1000-1000-10 at batch 256, timed in interleaved rounds beside torch.optim.Adam and the floor (Adam plus
-one normal draw per weight). Prints a Markdown table of ratios to Adam and to the floor.
+The seven diagonal rules of both versions are built as ``ngvi bench`` builds them, each version's own class
+with its defaults (VON at the bench's lr=0.01), and each trains its own copy of the bench's problem
+(``--model``: the MLP 784-1000-1000-10 at batch 256 by default, the CNN, or the chain of 128 small
+tensors), timed in interleaved rounds beside torch.optim.Adam and the floor (Adam plus one normal draw per
+weight). Prints a Markdown table of ratios to Adam and to the floor.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import ngvi
 from ngvi.experiments.bench import measure, methods
 from ngvi.experiments.core.methods import METHODS as REGISTRY
 
-RULES = ("vadam", "vprop", "von", "ivon", "noisy_adam", "vadagrad")
+RULES = ("vadam", "vprop", "von", "ivon", "noisy_adam", "vadagrad", "badam")
 
 
 def import_as(name: str, src: Path):
@@ -59,7 +60,8 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=int, default=5, help="untimed steps first (the gradients shrink as training goes on)"
     )
-    parser.add_argument("--quick", action="store_true", help="the bench's tiny MLP: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="the bench's tiny models: a smoke run")
+    parser.add_argument("--model", default="mlp", choices=measure.DEFAULT_MODELS, help="the bench's problem")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -71,14 +73,15 @@ def main() -> None:
             timed[f"{rule}-{tag}"] = methods.Method(
                 f"{rule} ({tag})", methods.trainer_step(lambda m, p=package, r=rule: build(p, r, m))
             )
-    problem = measure.problems(quick=args.quick)["mlp"]
+    problem = measure.problems(quick=args.quick)[args.model]
     res = measure.run_problem(
         problem, timed, torch.device("cpu"), args.warmup, args.rounds, args.steps, False, None
     )
     adam, floor = (res["methods"][k]["seconds"] for k in ("adam", "floor"))
     threads = torch.get_num_threads()
     print(
-        f"torch {torch.__version__}, {threads} threads, {args.warmup} untimed steps first; Adam "
+        f"{problem.name}; torch {torch.__version__}, {threads} threads, {args.warmup} untimed steps first; "
+        f"Adam "
         f"{1e3 * adam:.1f} ms per step, the floor {1e3 * floor:.1f} ms ({floor / adam:.2f}× Adam)\n"
     )
     print(

@@ -26,7 +26,7 @@ from ..._tensorlist import TensorList
 from ...curvature.estimators import CurvatureEstimator, estimator_for
 from ...posterior import DiagonalGaussian
 from .. import diagnostics as _diagnostics
-from . import group_keys, mixed_precision, sample_guard, state_checks
+from . import flat, group_keys, mixed_precision, sample_guard, state_checks
 from .accumulator import SampleAccumulator
 from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
@@ -535,7 +535,7 @@ class VariationalOptimizer(Optimizer):
         b = s.bucket
         b.state["step"] += 1
         with contextlib.nullcontext() if bad is None else masked(b.written(), bad):
-            self._update(s.group, TensorList([b.mu]), s.grads, s.curvs, [b.state])
+            flat.update(b, lambda *args: self._update(s.group, *args), s.grads[0], s.curvs, self.compile)
             b.write_back()
         b.sync_state()
 

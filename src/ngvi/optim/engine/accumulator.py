@@ -126,7 +126,7 @@ class SampleAccumulator:
         self.grads.clear()
         self.curvs.clear()
         for _, b in self.buckets:
-            b.curv = None
+            b.grad = b.curv = None
         self.buckets.clear()
         self.count = 0
 

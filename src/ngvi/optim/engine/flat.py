@@ -16,9 +16,10 @@ A bucket is built at the first draw and checked at each one (metadata only: the 
 state entry is bound to, and the scalars): a parameter rebound since (``model.to()``, ``p.data = ...``), a
 state replaced (``load_state_dict``, ``opt.state.clear()``) or parameters that no longer step together
 (one without a gradient) rebuild it or fall back to the per-tensor path, never silently use stale buffers.
-Buffers kept between steps: θ and the gradient sum, one parameter-sized tensor each (the per-tensor path
-allocated θ at each draw and summed into ``p.grad``'s own tensor). :func:`enabled` is the one place that
-chooses the path.
+Memory: θ's buffer is kept between steps (the per-tensor path allocated θ at each draw); once μ is
+restored it holds the first sample's ĝ, gathered from ``p.grad`` with one op, so a step holds one
+parameter-sized tensor more than the per-tensor path, which summed into ``p.grad``'s own tensors.
+:func:`enabled` is the one place that chooses the path.
 """
 
 from __future__ import annotations
@@ -93,9 +94,8 @@ class Bucket:
             self.mu = self.flat["master"] if self.promoted else self.param_flat
             self.theta = torch.empty_like(self.param_flat)
             self.theta_views = _views(self.theta, params)
-            self.grad = torch.empty_like(self.mu)
-            self.grad_views = _views(self.grad, params)
-        self.curv: Tensor | None = None
+        self.grad: Tensor | None = None  # Σĝ while a step is pending (θ's buffer after the first sample)
+        self.curv: Tensor | None = None  # Σĥ while a step is pending
         self.state: dict[str, Any] = {**{k: states[0][k] for k in self.scalars}, **self.flat}
 
     def register(self, key: str, flat: Tensor, views: list[Tensor]) -> None:
@@ -272,6 +272,8 @@ def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: C
     view of θ (μ stays in ``param_flat``, kept in ``opt._means``). ``sigma_of(opt, group, states)`` gives
     (√precision, σ) as the per-tensor path computes them, here as one-tensor lists."""
     noise = opt.noise_source
+    if b.grad is b.theta:  # a pending sample's Σĝ (manual form) lives in θ's buffer: move it out
+        b.grad = b.theta.clone()
     if noise.keep:  # the curvature reads ε: one kept buffer for the bucket
         eps = noise.draw(b.param_flat, reuse)
         eps = eps if eps.dtype == b.mu.dtype else eps.to(b.mu.dtype)
@@ -295,19 +297,13 @@ def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: C
 
 @torch.no_grad()
 def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Tensor | None]) -> None:
-    """Add the sample in ``p.grad`` to the bucket's sums: ĝ copied into the flat sum (the first sample), or
-    into θ's buffer (free once μ is restored) and added; ĥ from ``estimate(ĝ)`` on the flat sample."""
-    if first:
-        target, views = b.grad, b.grad_views
-    elif not b.promoted:
-        target, views = b.theta, b.theta_views
-    else:
-        target = torch.empty_like(b.mu)
-        views = _views(target, b.params)
-    torch._foreach_copy_(views, [p.grad for p in b.params])
+    """Add the sample in ``p.grad`` to the bucket's sums: ĝ gathered flat with one op (into θ's buffer for
+    the first sample: it is free once μ is restored) and ĥ from ``estimate(ĝ)`` on the flat sample."""
+    target = b.theta if first and not b.promoted else torch.empty_like(b.mu)
+    torch._chunk_cat([p.grad for p in b.params], 0, 1, out=target.view(1, -1))
     curv = estimate(target)
     if first:
-        b.curv = curv
+        b.grad, b.curv = target, curv
         return
     b.grad.add_(target)
     if curv is not None:

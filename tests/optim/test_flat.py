@@ -261,3 +261,22 @@ def test_a_parameter_without_gradient_takes_the_per_tensor_path_and_stays_right(
         runs.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_model_whose_parameters_share_a_bucket_saves_and_loads(tmp_path):
+    """The parameters are views of one buffer: torch.save and safetensors' save_file of the state dict keep
+    every tensor (safetensors' save_model refuses shared storage: flat=False, or save the state dict)."""
+    safetensors = pytest.importorskip("safetensors.torch")
+    model = mlp()
+    opt = ngvi.Vadam(model.parameters(), data_size=64, seed=0)
+    BY_NAME["vadam"].train(model, opt, 2)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    safetensors.save_file(model.state_dict(), tmp_path / "model.safetensors")
+    for loaded in (
+        torch.load(tmp_path / "model.pt", weights_only=True),
+        safetensors.load_file(tmp_path / "model.safetensors"),
+    ):
+        fresh = mlp(seed=1)
+        fresh.load_state_dict(loaded)
+        assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())

@@ -280,3 +280,17 @@ def test_a_model_whose_parameters_share_a_bucket_saves_and_loads(tmp_path):
         fresh = mlp(seed=1)
         fresh.load_state_dict(loaded)
         assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_compiled_flat_rule_compiles_one_graph_per_core_whatever_the_tensor_shapes():
+    """``compile=True`` on a bucket: one graph per core (σ, the update) for a model of six tensor shapes, as
+    for one of a single shape; the per-tensor path compiled one per structure of shapes (150 tensors of
+    the launch-bound chain: 101 s to compile on this CPU, 5.4 s flat)."""
+    from ngvi.optim import functional as F
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+    opt = ngvi.IVON(model.parameters(), data_size=64, seed=0, compile=True)
+    before = set(F._capture._COMPILED)
+    BY_NAME["ivon"].train(model, opt, 2)
+    assert len(set(F._capture._COMPILED) - before) == 2  # diagonal_sigma and ivon_update_

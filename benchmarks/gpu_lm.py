@@ -3,7 +3,8 @@
 One run of this script makes ``docs/results/bench/gpu/`` (results.json, table.md). The methods run
 interleaved in rounds on one GPU, each on its own copy of the model, so every ratio compares steps taken
 minutes apart on the same card; kernel launches per step come from torch.profiler, host reads per step from
-a TorchDispatchMode (``aten._local_scalar_dense`` and kin). Each ngvi rule runs with its defaults, twice:
+a TorchDispatchMode (``aten._local_scalar_dense`` and kin, reads of tensors on the GPU); both counters are
+the bench's (``ngvi.experiments.bench.counting``). Each ngvi rule runs with its defaults, twice:
 ``finite_check="host"`` (the engine of 1b2beed: one value read back per step) and ``"device"`` (the new
 default on accelerators: nothing read back). ivon-opt runs where it imports (``pip install ivon-opt``).
 
@@ -24,24 +25,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import ngvi
 from ngvi.baselines import KFAC
+from ngvi.experiments.bench.counting import OpCounter, kernel_launches
 from ngvi.experiments.bench.lm import FULL, SMALL, LanguageModel, lm_batch, lm_loss
-
-SYNC_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.nonzero"}
-LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
-
-
-class HostReads(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += str(func.overloadpacket) in SYNC_OPS
-        return func(*args, **(kwargs or {}))
 
 
 def methods(n: int) -> dict:
@@ -216,21 +204,21 @@ def main() -> None:
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     for label, (step, opt, _) in runs.items():
-        reads = HostReads()
+        reads = OpCounter()  # the reads of a value on the device: a sync each (on the CPU: every read)
         with reads:
             step()
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(2):
                 step()
             sync()
-        launches = sum(e.count for e in prof.key_averages() if e.key in LAUNCHES) / 2
+        launches = kernel_launches(prof) / 2
         if label == args.top:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
         rows[label] = {
             "ms": statistics.median(times[label]),
             "ms_rounds": times[label],
             "kernel_launches": launches,
-            "host_reads": reads.count,
+            "host_reads": reads.reads[device.type],
             "state_MiB": state_bytes(opt) / 2**20,
         }
     ref = rows["AdamW (fused)"]["ms"]

@@ -23,13 +23,23 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "results.json").read_text())
     mlp = results["runs"]["problem/mlp"]["methods"]
-    assert list(mlp)[:2] == ["adam", "floor"]  # the references are always timed, in the same rounds
+    assert list(mlp)[:3] == ["adam", "floor", "fwd_bwd"]  # the references: always timed, in the same rounds
     assert set(mlp) >= {"vadam", "vadam-compiled", "ivon"}
     assert all(math.isfinite(r["seconds"]) and r["seconds"] > 0 and r["peak_bytes"] > 0 for r in mlp.values())
+    # every method counted, the compiled one too (torch.compile runs under the bench's counter)
+    assert all("count_error" not in r and r["aten_ops"] > 0 and r["host_syncs"] >= 0 for r in mlp.values())
+    fb = mlp["fwd_bwd"]
+    for r in mlp.values():
+        assert r["seconds_over_fwd_bwd"] == r["seconds"] - fb["seconds"]
+        assert r["aten_ops_over_fwd_bwd"] == r["aten_ops"] - fb["aten_ops"]
+    assert "kernel_launches" not in fb  # CUDA only
+    assert not any("aten_ops" in r for r in results["runs"]["sweep/8"]["methods"].values())  # not counted
     assert {"sweep/8", "sweep/16"} <= set(results["runs"])
     table = (out / "table.md").read_text()
     assert "| ngvi.Vadam |" in table and "| ngvi.Vadam, compile=True |" in table
     assert "× Adam | × floor |" in table and "Project targets" in table and "issue" not in table
+    assert "| over fwd+bwd [ms] | ATen ops/step | host syncs/step |" in table
+    assert f"Forward + backward alone: {fb['aten_ops']:.0f} ATen ops and 0 host syncs per step." in table
     assert "vadam-compiled time ≤ 1.10× the floor" in table
     if not hasattr(ngvi, "VOGN"):
         assert "vogn: not available in this build" in table
@@ -123,8 +133,86 @@ def test_bench_table_has_the_floor_kfac_and_spread_columns():
         "| method | step [ms] | spread | × Adam | × floor |" in text and "| × K-FAC | × FLOP floor |" in text
     )
     assert "| noisy K-FAC | 50.0 | +0/+20% | 5.00× | 4.00× | – | – | 1.25× | – |" in text
-    assert "| Vadam | 20.0 | -10/+25% | 2.00× | 1.60× | – | – | – | – |" in text
+    assert "| Vadam | 20.0 | -10/+25% | 2.00× | 1.60× | – | – | – | – | – | – | – |" in text  # not counted
     assert "| vadam time ≤ 1.25× the floor | 1.600 | **missed** |" in text
+    assert "Forward + backward alone" not in text
+
+
+def test_bench_table_shows_the_step_beyond_forward_backward_ops_and_syncs():
+    """The counting columns, from the fields :func:`measure.run_problem` writes: ATen ops on the CPU,
+    kernel launches where they were recorded (CUDA); forward + backward's own counts below the table."""
+    from ngvi.experiments.bench.report import table
+
+    fb = {"label": "fwd+bwd", "seconds": 0.008, "aten_ops": 300.0, "host_syncs": 0.0}
+    vadam = {"label": "Vadam", "seconds": 0.0125, "aten_ops": 342.0, "host_syncs": 1.0}
+    kfac = {"label": "K-FAC", "seconds": 0.05, "aten_ops": 512.4, "host_syncs": 1.1}
+    entries = {"adam": {"label": "Adam", "seconds": 0.01, "aten_ops": 374.0, "host_syncs": 0.0}}
+    entries |= {"fwd_bwd": fb, "vadam": vadam, "kfac": kfac, "ivon": {"label": "IVON", "seconds": 0.02}}
+    entries["ivon"]["count_error"] = "RuntimeError: no"
+    measure.over_forward_backward(entries)
+    assert vadam["aten_ops_over_fwd_bwd"] == 42 and math.isclose(vadam["seconds_over_fwd_bwd"], 0.0045)
+    env = {"torch": "t", "device": "cpu", "threads": 1, "processor": "x"}
+    problems = {"mlp": {"problem": "p", "params": 10, "methods": entries}}
+    text = table({"environment": env, "problems": problems})
+    assert "| × FLOP floor | over fwd+bwd [ms] | ATen ops/step | host syncs/step | peak [MiB] |" in text
+    assert "| Vadam | 12.5 | – | 1.25× | – | – | – | – | – | 4.5 | 42 | 1 | – | – |" in text
+    assert "| fwd+bwd | 8.0 | – | 0.80× | – | – | – | – | – | 0.0 | 0 | 0 | – | – |" in text
+    assert "| 1.00× | – | 42.0 | 212.4 | 1.1 |" in text  # K-FAC: averaged over a cycle
+    assert "Forward + backward alone: 300 ATen ops and 0 host syncs per step." in text
+    assert "Not counted: IVON: RuntimeError: no." in text
+    for r in entries.values():  # on CUDA: kernel launches instead of ATen ops
+        r["kernel_launches"] = r.get("aten_ops", 0.0) + 1000
+    measure.over_forward_backward(entries)
+    text = table({"environment": env, "problems": problems})
+    assert "| over fwd+bwd [ms] | kernel launches/step | host syncs/step |" in text
+    assert "Forward + backward alone: 1300 kernel launches and 0 host syncs per step." in text
+
+
+def test_count_step_counts_the_ops_and_the_host_reads_of_a_step():
+    """A step of three ATen ops, one of which reads a value back (``.item()`` dispatches
+    ``_local_scalar_dense``); the bench's counter lets torch.compile run (its fused kernels are no ATen
+    ops)."""
+    from ngvi.experiments.bench.counting import OpCounter, count_step, kernel_launches
+
+    t = torch.zeros(3)
+    counts = count_step(lambda: t.add_(1).sum().item(), torch.device("cpu"), steps=4)
+    assert counts == {"aten_ops": 3.0, "host_syncs": 1.0}
+    assert torch.equal(t, torch.full((3,), 4.0))  # the counted steps ran
+    assert OpCounter.ignore_compile_internals()
+
+    class Event:
+        def __init__(self, key, count):
+            self.key, self.count = key, count
+
+    class Profile:
+        def key_averages(self):
+            return [Event("cudaLaunchKernel", 7), Event("cuLaunchKernel", 2), Event("aten::add_", 5)]
+
+    assert kernel_launches(Profile()) == 9
+
+
+def test_bench_counts_per_step_beyond_forward_backward_on_the_chain():
+    """On the quick chain (64 Linear layers, 128 tensors): the floor is Adam plus one ``normal_`` per weight
+    tensor (128 ATen ops more per step); Vadam's default finiteness check reads one value per step on the
+    host, ``finite_check="device"`` none; forward + backward alone reads none and is faster than Adam's
+    step (Adam runs it and then 128 tensors' update: about twice its time here), compared by the median of
+    20 interleaved steps each."""
+    from ngvi.experiments.bench.methods import Method, methods, ngvi_method
+
+    timed = methods()
+    chosen = {name: timed[name] for name in ("adam", "floor", "fwd_bwd", "vadam")}
+    chosen["vadam-device"] = Method("Vadam, device check", ngvi_method("vadam", finite_check="device"))
+    problem = measure.problems(True)["chain"]
+    res = measure.run_problem(problem, chosen, torch.device("cpu"), 2, 5, 4, False, None, count=True)
+    ms = res["methods"]
+    assert len(list(problem.build().parameters())) == 128
+    assert ms["floor"]["aten_ops"] - ms["adam"]["aten_ops"] == 128
+    assert ms["fwd_bwd"]["aten_ops_over_fwd_bwd"] == 0 and ms["fwd_bwd"]["host_syncs"] == 0
+    assert ms["adam"]["aten_ops_over_fwd_bwd"] > 0
+    assert ms["vadam"]["host_syncs"] == 1 and ms["vadam-device"]["host_syncs"] == 0
+    assert 0 < ms["vadam"]["aten_ops_over_fwd_bwd"] < ms["adam"]["aten_ops_over_fwd_bwd"]  # flat buffers
+    assert ms["fwd_bwd"]["median"] < ms["adam"]["median"]
+    assert ms["adam"]["seconds_over_fwd_bwd"] == ms["adam"]["seconds"] - ms["fwd_bwd"]["seconds"]
 
 
 def test_reference_packages_are_checked_by_import_not_by_the_registry(monkeypatch):

@@ -19,6 +19,13 @@ activations and every temporary. Python objects and allocator caches are not cou
 weight-perturbation step can cost. The "× floor" column is every method's step over it; ``<rule>-compiled``
 rows time ``compile=True`` (compiled during the warm-up steps).
 
+**Beyond forward + backward.** ``fwd_bwd`` is the same closure with no optimizer, timed in the same rounds
+(``adam``, ``floor`` and ``fwd_bwd`` are always timed, first in each round): "over fwd+bwd" is a method's
+step minus its time. After the rounds, untimed steps of each method are counted (:mod:`.counting`): the
+ATen ops dispatched beyond forward + backward's (on CUDA the kernel launches torch.profiler records instead)
+and the host syncs (``.item()`` and kin; on the CPU every read of a value, on an accelerator reads of device
+tensors).
+
 **References** (optional, found if importable): ``ivon-opt`` (the IVON authors' optimizer) and BackPACK's
 ``SumGradSquared`` extension (per-example squared gradients, the VOGN curvature) followed by an Adam step.
 VOGN, noisy K-FAC and BBVI appear when this build has them (``ngvi.VOGN``, ``ngvi.NoisyKFAC``,

@@ -9,7 +9,7 @@ from ..core import args as types
 from ..core.runner import Experiment, Job, Run
 from .flops import kfac_flops, matmul_rate
 from .measure import DEFAULT_MODELS, environment, problems, run_problem, sweep_problem
-from .methods import KFAC_CYCLE, availability, methods
+from .methods import KFAC_CYCLE, REFERENCES, availability, methods
 from .report import SWEEP_METHODS, plot_scaling, table
 from .state_memory import measure as measure_state_memory
 from .state_memory import table as state_memory_table
@@ -69,7 +69,7 @@ class Bench(Experiment):
         names = args.methods or [
             n for n in all_methods if not n.endswith("-antithetic") or args.noise_variants
         ]
-        names = ["adam", "floor", *[n for n in names if n not in ("adam", "floor")]]  # the references first
+        names = [*REFERENCES, *[n for n in names if n not in REFERENCES]]  # the references first
         quick = args.quick
         return {
             "quick": quick,
@@ -104,8 +104,9 @@ class Bench(Experiment):
         if "problem" in spec:
             problem = problems(spec["quick"], full_lm=device.type != "cpu")[spec["problem"]]
             result = run_problem(
-                problem, chosen, device, spec["warmup"], spec["rounds"], spec["steps"], spec["memory"], None
-            )
+                problem, chosen, device, spec["warmup"], spec["rounds"], spec["steps"], spec["memory"], None,
+                count=True,
+            )  # fmt: skip
             if any(n.split("-")[0] in KFAC_CYCLE for n in chosen):  # K-FAC's FLOP floor, same process
                 x, _ = problem.data(device)
                 flops = kfac_flops(problem.model(device), x, inv_every=max(KFAC_CYCLE.values()))

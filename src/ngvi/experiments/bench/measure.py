@@ -19,6 +19,7 @@ from torch import nn
 import ngvi
 
 from ..core import models
+from .counting import count_step
 from .lm import FULL, SMALL, TINY, LanguageModel, LMConfig
 from .methods import Method, Step
 
@@ -184,24 +185,58 @@ def run_problem(
     steps: int,
     memory: bool,
     bar: Any,
+    count: bool = False,
 ) -> dict[str, Any]:
+    """Every chosen method timed in interleaved rounds; with ``count``, then the ops, host syncs (and on
+    CUDA kernel launches) of each step counted in untimed steps of their own (:func:`counts`)."""
     x, y = problem.data(device)
     steppers, per_round = {}, {}
     for name, method in chosen.items():
         steppers[name] = method.build(problem.model(device), x, y)
         per_round[name] = -(-steps // method.cycle) * method.cycle  # whole cycles
     times = time_steps(steppers, device, warmup, rounds, per_round, bar)
+    counted = {name: counts(steppers[name], device, chosen[name].cycle) for name in chosen} if count else {}
     del steppers
     out: dict[str, Any] = {"problem": problem.name, "params": problem.num_params(), "methods": {}}
     for name, method in chosen.items():
         entry = {"label": method.label, **summarise(times[name], per_round[name]), "n": len(times[name])}
         entry["median"] = statistics.median(times[name])
         entry["mean"] = statistics.fmean(times[name])
+        entry |= counted.get(name, {})
         if memory:
             build = lambda method=method: method.build(problem.model(device), x, y)  # noqa: E731
             entry["peak_bytes"] = peak_memory(build, device)
         out["methods"][name] = entry
+    over_forward_backward(out["methods"])
     return out
+
+
+#: untimed steps counted per method (an even number: antithetic noise alternates ε and −ε); the K-FAC
+#: family counts one whole inversion cycle instead
+COUNT_STEPS = 4
+
+
+def counts(step: Step, device: torch.device, cycle: int = 1) -> dict[str, Any]:
+    """Per step, after the timed rounds (steady state): ATen ops, host syncs and, on CUDA, kernel launches
+    (:func:`.counting.count_step`), over :data:`COUNT_STEPS` steps or one whole cycle. A method that cannot
+    be counted says why instead of ending the run."""
+    try:
+        return count_step(step, device, cycle if cycle > 1 else COUNT_STEPS)
+    except Exception as err:
+        return {"count_error": f"{type(err).__name__}: {err}"[:200]}
+
+
+def over_forward_backward(entries: dict[str, dict[str, Any]]) -> None:
+    """Adds each method's step time, ATen ops and kernel launches beyond forward + backward alone (the
+    ``fwd_bwd`` reference, timed in the same rounds and counted the same way), where it was run."""
+    ref = entries.get("fwd_bwd")
+    if ref is None:
+        return
+    for entry in entries.values():
+        entry["seconds_over_fwd_bwd"] = entry["seconds"] - ref["seconds"]
+        for key in ("aten_ops", "kernel_launches"):
+            if key in entry and key in ref:
+                entry[f"{key}_over_fwd_bwd"] = entry[key] - ref[key]
 
 
 def environment(device: torch.device) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 ngvi's trainers come from the harness's registry (:data:`ngvi.experiments.core.METHODS`) and train with its
 one closure. Beside them: ``torch.optim.Adam`` (the reference of every ratio), the *floor* (an Adam step plus
-one standard-normal draw per weight: the least any weight-perturbation method can cost), the compiled rules
+one standard-normal draw per weight: the least any weight-perturbation method can cost), forward + backward
+alone (the closure without an optimizer: what a step costs beyond it is the optimizer's), the compiled rules
 (``compile=True``) and the optional reference implementations (ivon-opt, BackPACK).
 """
 
@@ -23,6 +24,8 @@ from ..core import training
 from ..core.methods import METHODS as REGISTRY
 
 DATA_SIZE = 60_000
+#: the references of every ratio and difference: timed first in each round, whatever ``--methods`` says
+REFERENCES = ("adam", "floor", "fwd_bwd")
 Step = Callable[[], Any]
 Build = Callable[[nn.Module, torch.Tensor, torch.Tensor], Step]
 
@@ -40,6 +43,12 @@ def _adam(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
     closure = training.closure(model, opt, F.cross_entropy, x, y)
     return lambda: opt.step(closure)
+
+
+def _forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    """The harness's closure with no optimizer: the model zeroes its gradients (to None, as every
+    optimizer's ``zero_grad`` does) and the loss is backpropagated; nothing is updated."""
+    return training.closure(model, model, F.cross_entropy, x, y)
 
 
 def _floor(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
@@ -157,6 +166,7 @@ def methods(noise_variants: bool = False) -> dict[str, Method]:
     out = {
         "adam": Method("torch.optim.Adam (foreach)", _adam),
         "floor": Method("floor: Adam + one N(0,1) draw per weight", _floor),
+        "fwd_bwd": Method("forward + backward alone (no optimizer step)", _forward_backward),
         "floor-chunked": Method("floor with noise='chunked' (parallel chunks)", _floor_chunked),
     }
     for name in COMPILED[:2]:

@@ -1,4 +1,5 @@
-"""``ngvi bench``'s table (× Adam, × floor, × the references, memory) and its scaling plot."""
+"""``ngvi bench``'s table (× Adam, × floor, × the references, the step beyond forward + backward, ops and
+host syncs per step, memory) and its scaling plot."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.report import markdown_table
+from .measure import COUNT_STEPS
 
 SWEEP_METHODS = ("adam", "floor", "vadam", "ivon", "ivon-opt", "vogn", "backpack")
 
@@ -19,6 +21,25 @@ def spread_text(r: dict[str, Any]) -> str:
     if "fastest" not in r or not r["seconds"]:
         return "–"
     return f"{100 * (r['fastest'] / r['seconds'] - 1):+.0f}/{100 * (r['slowest'] / r['seconds'] - 1):+.0f}%"
+
+
+def count_text(value: float | None) -> str:
+    """A count per step: whole where it is whole (most steps), else to one decimal (averaged cycles)."""
+    if value is None:
+        return "–"
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
+def ms_text(seconds: float | None) -> str:
+    return f"{1e3 * seconds:.1f}" if seconds is not None else "–"
+
+
+def ops_column(ms: dict[str, dict[str, Any]]) -> tuple[str, str]:
+    """The count the ops column shows and its header: kernel launches where they were recorded (CUDA),
+    else the ATen ops dispatched."""
+    if any("kernel_launches" in r for r in ms.values()):
+        return "kernel_launches", "kernel launches/step"
+    return "aten_ops", "ATen ops/step"
 
 
 def flop_floor_seconds(res: dict[str, Any]) -> float | None:
@@ -41,6 +62,12 @@ def table(results: dict[str, Any]) -> str:
         "The floor is an Adam step plus one standard-normal draw per weight: the least a weight-perturbation "
         "step can cost. × K-FAC is against ngvi.baselines.KFAC with the same step settings, × FLOP floor "
         "against K-FAC's floor of matmul work at the rate measured in this run (K-FAC family only). "
+        "Over fwd+bwd: the step's time minus that of forward + backward alone (the same closure with no "
+        "optimizer, timed in the same rounds); ATen ops/step (kernel launches/step on CUDA): the step's "
+        "count beyond forward + backward's, which is given below each table; host syncs/step: ops that read "
+        "a value back to the host (`.item()` and kin; on the CPU every read, on an accelerator reads of "
+        "device tensors), closure included. Both counts come from untimed steps after the rounds "
+        f"({COUNT_STEPS} steps, or one inversion cycle for the K-FAC family). "
         "Memory: peak live tensor bytes over model + optimizer construction and three steps.\n",
     ]
     for res in results["problems"].values():
@@ -49,6 +76,7 @@ def table(results: dict[str, Any]) -> str:
         ref = {k: ms[k]["seconds"] if k in ms else None for k in refs}
         kfac, flop_floor = (ms["kfac"]["seconds"] if "kfac" in ms else None), flop_floor_seconds(res)
         mem_adam = ms["adam"].get("peak_bytes")
+        ops_key, ops_header = ops_column(ms)
         rows = []
         for name, r in ms.items():
             peak = r.get("peak_bytes")
@@ -58,14 +86,22 @@ def table(results: dict[str, Any]) -> str:
                 ratio_text(r["seconds"], kfac if family else None),
                 ratio_text(r["seconds"], flop_floor if family else None),
             ]
+            counted = [
+                ms_text(r.get("seconds_over_fwd_bwd")),
+                count_text(r.get(f"{ops_key}_over_fwd_bwd")),
+                count_text(r.get("host_syncs")),
+            ]
             memory = [f"{peak / 2**20:.1f}" if peak is not None else "–", ratio_text(peak, mem_adam)]
-            rows.append([r["label"], f"{1e3 * r['seconds']:.1f}", spread_text(r), *times, *extra, *memory])
+            rows.append(
+                [r["label"], f"{1e3 * r['seconds']:.1f}", spread_text(r), *times, *extra, *counted, *memory]
+            )
         lines.append(f"\n## {res['problem']} ({res['params'] / 1e6:.2f}M parameters)\n")
         header = [
             "method", "step [ms]", "spread", "× Adam", "× floor", "× ivon-opt", "× BackPACK SGS+Adam",
-            "× K-FAC", "× FLOP floor", "peak [MiB]",
+            "× K-FAC", "× FLOP floor", "over fwd+bwd [ms]", ops_header, "host syncs/step", "peak [MiB]",
         ]  # fmt: skip
         lines.append(markdown_table([*header, "memory × Adam"], rows))
+        lines.append(_counts_note(ms, ops_key, ops_header))
         lines.append(_kfac_floor(res))
         lines.append(_targets(ms, res["params"], flop_floor_seconds(res)))
     if results.get("sweep"):
@@ -96,6 +132,22 @@ KFAC_FAMILY = ("noisy_kfac", "kfac")
 #: the diagonal rules whose default step the floor bounds (issue 22): × floor eager and compiled
 DIAGONAL = ("vadam", "vprop", "von", "ivon", "noisy_adam", "vadagrad")
 FLOOR_TARGET = {"eager": 1.25, "compiled": 1.10}
+
+
+def _counts_note(ms: dict[str, dict[str, Any]], ops_key: str, ops_header: str) -> str:
+    """Forward + backward's own counts (subtracted in the ops column) and the methods not counted."""
+    parts = []
+    if ops_key in ms.get("fwd_bwd", {}):
+        fb = ms["fwd_bwd"]
+        what = ops_header.removesuffix("/step")
+        parts.append(
+            f"Forward + backward alone: {count_text(fb[ops_key])} {what} and "
+            f"{count_text(fb.get('host_syncs'))} host syncs per step."
+        )
+    failed = [f"{r['label']}: {r['count_error']}" for r in ms.values() if "count_error" in r]
+    if failed:
+        parts.append("Not counted: " + "; ".join(failed) + ".")
+    return "\n" + " ".join(parts) + "\n" if parts else ""
 
 
 def _kfac_floor(res: dict[str, Any]) -> str:

@@ -181,8 +181,8 @@ def nonempty_params(owner: str, params: list[Any], group_index: int, names: dict
 
 def no_dtensor(owner: str, params: list[Any], group_index: int, names: dict[int, str] | None) -> None:
     """ValueError naming the first parameter that is a DTensor (FSDP2's ``fully_shard``,
-    ``distribute_tensor``): the engine rebinds each parameter's data to a sample, which does not reach the
-    shards, so every rule would train without noise. DDP keeps whole parameters and is supported."""
+    ``distribute_tensor``), for the rules that cannot train shards: their sample or curvature spans whole
+    layers (the element-wise rules can: ``ngvi.optim.engine.sharded``). DDP keeps whole parameters."""
     dtensor = _dtensor_class()
     if dtensor is None:
         return
@@ -192,9 +192,10 @@ def no_dtensor(owner: str, params: list[Any], group_index: int, names: dict[int,
             where = f"'{name}'" if name else f"param_groups[{group_index}]['params'][{j}]"
             raise ValueError(
                 f"{owner}: parameter {where} is a DTensor (sharded by FSDP2's fully_shard, or made by "
-                "distribute_tensor): ngvi's optimizers do not support sharded parameters yet, their weight "
-                "noise would not reach the model; train with torch.nn.parallel.DistributedDataParallel "
-                "(DDP), which keeps whole parameters on every rank"
+                f"distribute_tensor): {owner} samples or estimates curvature across whole layers, which a "
+                "shard does not hold; train it with torch.nn.parallel.DistributedDataParallel (DDP), which "
+                "keeps whole parameters on every rank, or use an element-wise rule under FSDP2 (Vadam, "
+                "Vprop, VadaGrad, IVON, noisy Adam, BAdam, VON with curvature='price') with noise='chunked'"
             )
 
 

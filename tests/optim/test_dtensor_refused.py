@@ -1,9 +1,10 @@
-"""FSDP2's sharded parameters are refused until they are supported (issue 31, item 17).
+"""FSDP2's sharded parameters where they cannot be trained are refused (issue 31, item 17; issue 34).
 
-Under ``fully_shard`` every parameter is a DTensor; the engine rebinds a parameter's data to its sample θ,
-which does not reach the shards, so each rule trained silently without noise. Every engine trainer now
-refuses DTensor parameters at construction and in ``add_param_group``, naming DDP as the supported way. One
-gloo process group of one rank on CPU (a file store) is enough to build them.
+Under ``fully_shard`` every parameter is a DTensor. The element-wise rules train shards (θ written into
+them in place, ``ngvi.optim.engine.sharded``; ``tests/test_fsdp2.py``) with noise keyed by each weight's
+place (``noise="chunked"``), and refuse other noise, which would depend on the number of ranks; the rules
+whose sample or curvature spans whole layers refuse DTensor parameters, naming DDP. Both at construction
+and in ``add_param_group``. One gloo process group of one rank on CPU (a file store) is enough to build them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 
 import ngvi
 from ngvi import _validation as check
+from ngvi.optim.engine import flat
 from optimizer_db import trainers
 
 dist = pytest.importorskip("torch.distributed")
@@ -23,9 +25,10 @@ if not dist.is_available() or not dist.is_gloo_available():
 ENGINE = trainers(lambda i: i.engine)
 CLASSES = [p for i, p in enumerate(ENGINE) if p.values[0].cls not in {q.values[0].cls for q in ENGINE[:i]}]
 REFUSED = (
-    r"parameter .* is a DTensor \(sharded by FSDP2's fully_shard.*not support sharded parameters.*"
+    r"parameter .* is a DTensor \(sharded by FSDP2's fully_shard.*across whole layers.*"
     r"torch\.nn\.parallel\.DistributedDataParallel \(DDP\)"
 )
+NEEDS_CHUNKED = r"FSDP2-sharded parameters need noise='chunked'"
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +58,14 @@ def test_every_class_is_covered():
 
 
 @pytest.mark.parametrize("info", CLASSES)
-def test_a_fully_sharded_model_is_refused_naming_ddp(info, mesh):
+def test_a_fully_sharded_model_is_refused_naming_ddp_or_the_noise(info, mesh):
     model = _sharded(info.model(), mesh)
-    with pytest.raises(ValueError, match=REFUSED):
+    elementwise = flat.enabled(info.build(info.model()))
+    with pytest.raises(ValueError, match=NEEDS_CHUNKED if elementwise else REFUSED):
         info.build(model)
+    if elementwise:  # and with keyed noise it trains (tests/test_fsdp2.py checks what it computes)
+        opt = info.build(model, noise="chunked")
+        info.train(model, opt, 2)
 
 
 def test_a_dtensor_group_is_refused_and_the_optimizer_is_left_as_it_was(mesh):
@@ -67,7 +74,7 @@ def test_a_dtensor_group_is_refused_and_the_optimizer_is_left_as_it_was(mesh):
     model = nn.Linear(3, 1).double()
     opt = ngvi.IVON(model.parameters(), 10)
     extra = nn.Parameter(distribute_tensor(torch.zeros(2, dtype=torch.float64), mesh, [Replicate()]))
-    with pytest.raises(ValueError, match=r"parameter param_groups\[1\]\['params'\]\[0\] is a DTensor"):
+    with pytest.raises(ValueError, match=r"sharded by rows on a 1-D mesh.*got placements \(Replicate"):
         opt.add_param_group({"params": [extra]})
     assert len(opt.param_groups) == 1
 

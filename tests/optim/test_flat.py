@@ -49,7 +49,7 @@ def injected_noise(monkeypatch):
     sequence = torch.randn(1 << 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     position = [0]
 
-    def fill(self, out):
+    def fill(self, out, segments=None):
         start, position[0] = position[0], position[0] + out.numel()
         return out.copy_(sequence[start : position[0]].view(out.shape))
 
@@ -100,6 +100,15 @@ def test_fed_the_same_noise_the_flat_path_is_bitwise_the_per_tensor_path(
     for flat in (False, True):
         injected_noise()
         runs.append(trajectory(info, flat, **options))
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("info", ELEMENTWISE)
+def test_chunked_noise_is_the_same_stream_on_both_paths(info):
+    """noise="chunked" keys each weight's ε by its parameter and place, not by the bucket: the flat path
+    draws what the per-tensor path draws (and what FSDP2's shards draw, tests/test_fsdp2.py)."""
+    runs = [trajectory(info, flat, noise="chunked") for flat in (False, True)]
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import Tensor
 
-__all__ = ["CHUNK", "chunk_seed", "chunked_normal_"]
+__all__ = ["CHUNK", "chunk_seed", "chunked_normal_", "chunked_normal_part_"]
 
 CHUNK = 1 << 16  # elements per chunk: large enough that seeding a generator (624 words) is negligible
 _MASK = (1 << 64) - 1
@@ -73,4 +73,21 @@ def chunked_normal_(out: Tensor, *keys: int, workers: int | None = None) -> Tens
     finally:
         for task in pending:
             task.result()
+    return out
+
+
+def chunked_normal_part_(out: Tensor, total: int, offset: int, *keys: int) -> Tensor:
+    """Fill the contiguous ``out`` with elements ``offset … offset + out.numel()`` of what
+    ``chunked_normal_`` draws for a tensor of ``total`` elements: a shard's part of its parameter's ε
+    (:mod:`.sharded`), the same whatever the split. Each chunk the part overlaps is drawn whole and cut."""
+    if offset == 0 and out.numel() == total:
+        return chunked_normal_(out, *keys)
+    flat = out.view(-1)
+    end = offset + flat.numel()
+    for k in range(offset // CHUNK, -(-end // CHUNK)):
+        lo, hi = k * CHUNK, min((k + 1) * CHUNK, total)
+        gen = torch.Generator(device=out.device).manual_seed(chunk_seed(*keys, k))
+        chunk = torch.empty(hi - lo, dtype=out.dtype, device=out.device).normal_(generator=gen)
+        a, b = max(lo, offset), min(hi, end)
+        flat[a - offset : b - offset].copy_(chunk[a - lo : b - lo])
     return out

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..._tensorlist import TensorList
-from . import mixed_precision
+from . import mixed_precision, sharded
 
 
 def enabled(opt: Any) -> bool:
@@ -74,18 +74,30 @@ class Bucket:
     or the float32 master of promoted parameters); ``state`` (the rule's one state dict for the bucket);
     ``theta`` and ``grad`` (θ and the sum of ĝ, kept between steps) with their views; ``curv`` (the sum of
     ĥ while a step is pending). ``param_flat`` also keys the bucket's ε and √precision in the engine's
-    dictionaries.
+    dictionaries. ``segments``: per parameter (start in the bucket, length, the whole parameter's size,
+    the start of this part in it), what keys its noise. For FSDP2's sharded parameters (``sharded``,
+    :mod:`.sharded`) ``locals`` are the rank's shards, which the engine writes in place: ``param_flat`` is a
+    copy of them, gathered again before each draw and update.
     """
 
     def __init__(self, opt: Any, params: list[Tensor], states: list[dict[str, Any]]) -> None:
         self.params, self.states = params, states
-        self.numels = [p.numel() for p in params]
         self.position = {p: i for i, p in enumerate(params)}
         self.promoted = mixed_precision.promoted(opt, params[0])
+        self.sharded = sharded.is_sharded(params[0])
+        self.locals = [sharded.local(p) for p in params]
+        self.numels = [t.numel() for t in self.locals]
+        offsets = [sharded.global_offset(p) if self.sharded else 0 for p in params]
+        starts = list(itertools.accumulate(self.numels, initial=0))
+        self.segments = [
+            (start, n, p.numel(), offset)
+            for start, n, p, offset in zip(starts, self.numels, params, offsets, strict=False)
+        ]
         with torch.no_grad():
-            self.param_flat, self.param_views = _flatten([p.detach() for p in params])
+            self.param_flat, self.param_views = _flatten([t.detach() for t in self.locals])
             for p, view in zip(params, self.param_views, strict=True):
-                p.data = view
+                if not self.sharded:  # a shard stays in FSDP2's storage, which its gathers read
+                    p.data = view
             self.flat: dict[str, Tensor] = {}
             self.views: dict[str, list[Tensor]] = {}
             for key in [k for k, v in states[0].items() if isinstance(v, Tensor)]:
@@ -93,7 +105,7 @@ class Bucket:
             self.scalars = [k for k, v in states[0].items() if not isinstance(v, Tensor)]
             self.mu = self.flat["master"] if self.promoted else self.param_flat
             self.theta = torch.empty_like(self.param_flat)
-            self.theta_views = _views(self.theta, params)
+            self.theta_views = _views(self.theta, self.locals)
         self.grad: Tensor | None = None  # Σĝ while a step is pending (θ's buffer after the first sample)
         self.curv: Tensor | None = None  # Σĥ while a step is pending
         self.state: dict[str, Any] = {**{k: states[0][k] for k in self.scalars}, **self.flat}
@@ -107,10 +119,11 @@ class Bucket:
     @staticmethod
     def eligible(params: list[Tensor], states: list[dict[str, Any]]) -> bool:
         """Parameters that can share buffers: contiguous, not overlapping in memory (tied views would be
-        untied), every state entry shaped like its parameter with one dtype per entry, and the same scalars
-        (they stepped together)."""
+        untied), every state entry shaped like its parameter (its shard) with one dtype per entry, and the
+        same scalars (they stepped together)."""
         first = states[0]
         keys = set(first)
+        params = [sharded.local(p) for p in params]
         if not all(p.is_contiguous() for p in params) or not _disjoint(params):
             return False
         for p, st in zip(params, states, strict=True):
@@ -132,7 +145,9 @@ class Bucket:
             p is not q for p, q in zip(params, self.params, strict=True)
         ):
             return False
-        for p, view in zip(params, self.param_views, strict=True):
+        bound = self.locals if self.sharded else self.param_views
+        for p, view in zip(params, bound, strict=True):
+            p = sharded.local(p)
             if p.data_ptr() != view.data_ptr() or p.shape != view.shape or p.dtype != view.dtype:
                 return False
         n_keys = len(self.flat) + len(self.scalars)
@@ -151,7 +166,7 @@ class Bucket:
         for key, value in self.state.items():
             if isinstance(value, Tensor):
                 if key not in self.flat:
-                    self.register(key, value, _views(value, self.params))
+                    self.register(key, value, _views(value, self.locals))
             else:
                 if key not in self.scalars:
                     self.scalars.append(key)
@@ -163,15 +178,36 @@ class Bucket:
         return flat.split(self.numels)
 
     def written(self) -> list[Tensor]:
-        """What an update writes: μ, the state tensors, and the parameters of a promoted bucket."""
+        """What an update writes: μ, the state tensors, and the parameters of a promoted bucket (the shards
+        of a sharded one)."""
         out = [self.mu, *(v for k, v in self.flat.items() if v is not self.mu)]
+        if self.sharded:
+            return out + self.locals
         return out + ([self.param_flat] if self.promoted else [])
 
     @torch.no_grad()
+    def gather(self) -> None:
+        """A sharded bucket's μ from its shards, which are the truth between steps (a load writes there);
+        a promoted bucket's truth is its master."""
+        if self.sharded and not self.promoted:
+            _gather(self.locals, self.param_flat)
+
+    @torch.no_grad()
     def write_back(self) -> None:
-        """Round the float32 master into the parameters of a promoted bucket (one copy)."""
-        if self.promoted:
+        """μ into the parameters after an update: the float32 master rounded into a promoted bucket (one
+        copy), μ into the shards of a sharded one."""
+        if self.sharded:
+            mu_views = self.views["master"] if self.promoted else self.param_views
+            torch._foreach_copy_(self.locals, mu_views)
+        elif self.promoted:
             self.param_flat.copy_(self.mu)
+
+
+def _gather(tensors: list[Tensor], out: Tensor) -> None:
+    """``out`` ← the tensors one after the other, with one op (an empty shard holds nothing)."""
+    tensors = [t for t in tensors if t.numel()]
+    if tensors:
+        torch._chunk_cat(tensors, 0, 1, out=out.view(1, -1))
 
 
 def _disjoint(tensors: list[Tensor]) -> bool:
@@ -274,12 +310,13 @@ def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: C
     noise = opt.noise_source
     if b.grad is b.theta:  # a pending sample's Σĝ (manual form) lives in θ's buffer: move it out
         b.grad = b.theta.clone()
+    b.gather()
     if noise.keep:  # the curvature reads ε: one kept buffer for the bucket
-        eps = noise.draw(b.param_flat, reuse)
+        eps = noise.draw(b.param_flat, reuse, b.segments)
         eps = eps if eps.dtype == b.mu.dtype else eps.to(b.mu.dtype)
         out = b.theta if not b.promoted else torch.empty_like(b.mu)
     else:  # ε drawn straight into θ's buffer (in the master's dtype for a promoted bucket)
-        eps = out = noise.into(b.theta if not b.promoted else torch.empty_like(b.mu))
+        eps = out = noise.into(b.theta if not b.promoted else torch.empty_like(b.mu), b.segments)
     # the curvature reads ĝ⊙ε·√precision: √precision is kept for this sample in one piece, as per tensor
     for start, length in chunks(b, opt.compile) if not opt.needs_noise else [(0, b.mu.numel())]:
         sqrt_prec, sigma = sigma_of(opt, group, [_piece(b.state, start, length)])
@@ -289,10 +326,19 @@ def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: C
         torch.addcmul(b.mu.narrow(0, start, length), eps.narrow(0, start, length), sigma[0], out=piece)
     if b.promoted:
         b.theta.copy_(out)
+    if b.sharded:  # θ into the shards, which FSDP2 gathers; μ is written back at the restore
+        torch._foreach_copy_(b.locals, b.theta_views)
+        opt._in_place.append(b)
     for p, mean, theta in zip(b.params, b.param_views, b.theta_views, strict=True):
         opt._means[p] = mean
-        opt._thetas[p] = theta
-        p.data = theta
+        if not b.sharded:
+            opt._thetas[p] = theta
+            p.data = theta
+
+
+def restore(b: Bucket) -> None:
+    """μ back into a sharded bucket's shards after a sample (the draw wrote θ there)."""
+    b.write_back()
 
 
 @torch.no_grad()
@@ -300,7 +346,7 @@ def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Tensor | Non
     """Add the sample in ``p.grad`` to the bucket's sums: ĝ gathered flat with one op (into θ's buffer for
     the first sample: it is free once μ is restored) and ĥ from ``estimate(ĝ)`` on the flat sample."""
     target = b.theta if first and not b.promoted else torch.empty_like(b.mu)
-    torch._chunk_cat([p.grad for p in b.params], 0, 1, out=target.view(1, -1))
+    _gather([sharded.local(p.grad) for p in b.params], target)
     curv = estimate(target)
     if first:
         b.grad, b.curv = target, curv

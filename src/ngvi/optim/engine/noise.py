@@ -26,11 +26,13 @@ from torch import Tensor
 
 from ... import _validation as check
 from ... import distributed as dist_util
-from .chunked import chunked_normal_
+from .chunked import chunked_normal_part_
 
 __all__ = ["NOISES", "NoiseCheckpoint", "NoiseSource"]
 
 NOISES = ("normal", "antithetic", "chunked")
+#: a flat bucket's parameters: (start in the bucket, length, the whole parameter's size, this part's start)
+Segments = list[tuple[int, int, int, int]] | None
 
 
 @dataclass(frozen=True)
@@ -152,29 +154,30 @@ class NoiseSource:
                 self.pair_start = None
         self.num_draws += 1
 
-    def draw(self, p: Tensor, reuse: bool) -> Tensor:
-        """ε for p: with ``reuse`` (the second of an antithetic pair) −ε of the pair's first, else fresh."""
+    def draw(self, p: Tensor, reuse: bool, segments: Segments = None) -> Tensor:
+        """ε for p: with ``reuse`` (the second of an antithetic pair) −ε of the pair's first, else fresh.
+        ``segments``: p is a flat bucket of parameters (:mod:`.flat`), which keys chunked noise."""
         buf = self._buffers.get(p) if reuse else None
         if buf is None:
-            return self.fresh(p)
+            return self.fresh(p, segments)
         return buf if self._negated else buf.neg_()
 
-    def fresh(self, p: Tensor) -> Tensor:
+    def fresh(self, p: Tensor, segments: Segments = None) -> Tensor:
         """A fresh ε ~ N(0, I) shaped like p, kept as p's buffer when ``keep``."""
         if not self.keep:
-            return self._normal_like(p)
+            return self._normal_like(p, segments)
         buf = self._buffers.get(p)
         if buf is None:
             buf = self._buffers[p] = torch.empty_like(p, memory_format=torch.preserve_format)
         if self.dtype in (None, p.dtype):
-            return self._fill(buf)
-        return buf.copy_(self._normal_like(p))
+            return self._fill(buf, segments)
+        return buf.copy_(self._normal_like(p, segments))
 
-    def into(self, p: Tensor) -> Tensor:
+    def into(self, p: Tensor, segments: Segments = None) -> Tensor:
         """Draw ε straight into p (no buffer: the fast path when nothing reads ε later); returns p."""
         if self.dtype in (None, p.dtype) and p.is_contiguous():
-            return self._fill(p)
-        return p.copy_(self._normal_like(p))
+            return self._fill(p, segments)
+        return p.copy_(self._normal_like(p, segments))
 
     def zeros(self, p: Tensor) -> Tensor:
         """ε = 0 for a parameter the draw leaves at μ (it is sampled elsewhere); no RNG is consumed."""
@@ -187,18 +190,24 @@ class NoiseSource:
         """The kept ε of p's current sample."""
         return self._buffers[p]
 
-    def _normal_like(self, p: Tensor) -> Tensor:
+    def _normal_like(self, p: Tensor, segments: Segments = None) -> Tensor:
         buf = torch.empty_like(p, dtype=self.dtype or p.dtype, memory_format=torch.preserve_format)
-        return self._fill(buf)
+        return self._fill(buf, segments)
 
-    def _fill(self, out: Tensor) -> Tensor:
-        """``out`` ← N(0, I): from the device's generator, or (chunked) from (seed, draw, position)."""
+    def _fill(self, out: Tensor, segments: Segments = None) -> Tensor:
+        """``out`` ← N(0, I): from the device's generator (one draw, also for a bucket), or (chunked) from
+        (seed, draw, position), a bucket's parameters each keyed by its own position and by where its part
+        lies in the whole parameter (a shard's part: :mod:`.sharded`)."""
         if self.mode != "chunked" or not out.is_contiguous():
             return out.normal_(generator=self.generator(out.device))
         self.generator(out.device)  # exists, as after any draw: the state (and its checks) expect it
         seed = self._reseed_to if self._reseed_to is not None else self.seed
-        self._index += 1
-        return chunked_normal_(out, seed, self.num_draws, self._index - 1)
+        flat = out.view(-1)
+        for start, length, total, offset in segments or [(0, out.numel(), out.numel(), 0)]:
+            self._index += 1
+            part = flat.narrow(0, start, length)
+            chunked_normal_part_(part, total, offset, seed, self.num_draws, self._index - 1)
+        return out
 
     def redraw_pair(self) -> None:
         """After a load, an unpickling or a failed draw mid antithetic pair: the pair's ε is redrawn from its

@@ -26,7 +26,7 @@ from ..._tensorlist import TensorList
 from ...curvature.estimators import CurvatureEstimator, estimator_for
 from ...posterior import DiagonalGaussian
 from .. import diagnostics as _diagnostics
-from . import flat, group_keys, mixed_precision, sample_guard, state_checks
+from . import flat, group_keys, mixed_precision, sample_guard, sharded, state_checks
 from .accumulator import SampleAccumulator
 from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
@@ -112,6 +112,7 @@ class VariationalOptimizer(Optimizer):
         "_bound",
         "_buckets",
         "_thetas",
+        "_in_place",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -170,6 +171,7 @@ class VariationalOptimizer(Optimizer):
         self._means: dict[Tensor, Tensor] = {}  # μ while the parameters hold a sample
         self._thetas: dict[Tensor, Tensor] = {}  # θ's tensor of each parameter where the draw kept it
         self._buckets: dict[int, list] = {}  # id(group) → its flat buckets (:mod:`.flat`)
+        self._in_place: list = []  # sharded buckets whose shards hold θ (:mod:`.sharded`)
         self._bound: sample_guard.Bound = {}  # θ's tensors and version counters, checked at end_sample
         self._sqrt_prec: dict[Tensor, Tensor] = {}  # √precision of the current sample (needs_noise)
         self._in_sample = False
@@ -238,7 +240,9 @@ class VariationalOptimizer(Optimizer):
             names = {id(p): n for n, p in self.model.named_parameters()} if self.takes_model else None
             where = (type(self).__name__, self.param_groups[-1]["params"], len(self.param_groups) - 1, names)
             check.nonempty_params(*where)
-            check.no_dtensor(*where)  # FSDP2's sharded parameters: the noise would not reach the model
+            if not flat.enabled(self):  # FSDP2's shards take the flat path, where θ is written into them
+                check.no_dtensor(*where)
+            sharded.refuse_unless_supported(self, self.param_groups[-1]["params"])
             self._check_group(self.param_groups[-1])
         except ValueError:
             self.param_groups.pop()  # a refused group leaves the optimizer as it was
@@ -250,6 +254,9 @@ class VariationalOptimizer(Optimizer):
         if not state:
             mixed_precision.init_state(self, group, p, state)
             state["step"] = 0
+            for key, value in state.items():  # a shard's state is the rank's part only (:mod:`.sharded`)
+                if isinstance(value, Tensor) and sharded.is_sharded(value):
+                    state[key] = sharded.local(value).contiguous()
         return state
 
     @staticmethod
@@ -411,8 +418,13 @@ class VariationalOptimizer(Optimizer):
 
     @torch.no_grad()
     def _restore(self) -> None:
+        in_place = {p for b in self._in_place for p in b.params}
         for p, mean in self._means.items():  # μ never left its tensors: rebind (see perturbation)
-            p.data = mean
+            if p not in in_place:
+                p.data = mean
+        for b in self._in_place:
+            flat.restore(b)
+        self._in_place.clear()
         self._means.clear()  # θ's tensors are freed: the update's temporaries can use the memory
         self._thetas.clear()
         self._bound = {}
@@ -533,6 +545,7 @@ class VariationalOptimizer(Optimizer):
     def _update_bucket(self, s: Any, bad: Tensor | None) -> None:
         """The rule's update on a bucket's flat tensors, as on one parameter (:mod:`.flat`)."""
         b = s.bucket
+        b.gather()
         b.state["step"] += 1
         with contextlib.nullcontext() if bad is None else masked(b.written(), bad):
             flat.update(b, lambda *args: self._update(s.group, *args), s.grads[0], s.curvs, self.compile)
@@ -596,7 +609,8 @@ class VariationalOptimizer(Optimizer):
     def posterior(self) -> DiagonalGaussian:
         """A snapshot of q = N(μ, σ²) over the trainable parameters, in parameter order (point estimates:
         σ² = 0). Frozen parameters (``requires_grad=False``) are fixed, not random: they are left out, as by
-        every ngvi optimizer, and get no state."""
+        every ngvi optimizer, and get no state. Under FSDP2 it gathers the shards into whole tensors on every
+        rank: call it on all ranks."""
         self.check_finite()
         means, variances, point = [], [], []
         for group in self.param_groups:
@@ -611,6 +625,8 @@ class VariationalOptimizer(Optimizer):
                 else:
                     variances.append(precision.reciprocal())
                 means.append(self.mean_of(p))
+                if sharded.is_sharded(p):
+                    means[-1], variances[-1] = (sharded.whole(p, t) for t in (means[-1], variances[-1]))
         return DiagonalGaussian(means, variances, point=point)
 
 

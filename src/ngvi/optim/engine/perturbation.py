@@ -70,10 +70,14 @@ def draw(opt: Any, train: bool) -> None:
                     p.data = p.data.to(mean.dtype)
         noise.end_draw(reuse)
     except BaseException:
+        in_place = {p for b in opt._in_place for p in b.params}
         for p in done:
             mean = opt._means.pop(p, None)
-            if mean is not None:
+            if mean is not None and p not in in_place:
                 p.data = mean
+        for b in opt._in_place:
+            flat.restore(b)
+        opt._in_place.clear()
         opt._sqrt_prec.clear()
         opt._thetas.clear()
         noise.rollback(checkpoint)

@@ -22,13 +22,16 @@ from typing import Any
 
 from torch import Tensor
 
+from .sharded import is_sharded
+
 Bound = dict[Tensor, tuple[Tensor, int]]
 
 
 def bound(means: dict[Tensor, Tensor], thetas: dict[Tensor, Tensor]) -> Bound:
     """What each sampled parameter (a key of ``means``) holds right after the draw: θ's tensor (from
-    ``thetas`` where the draw kept it) and the parameter's version counter."""
-    return {p: (thetas[p] if p in thetas else p.detach(), p._version) for p in means}
+    ``thetas`` where the draw kept it) and the parameter's version counter. FSDP2's shards, which hold θ
+    in place, are not guarded."""
+    return {p: (thetas[p] if p in thetas else p.detach(), p._version) for p in means if not is_sharded(p)}
 
 
 def changes(bound_at_draw: Bound) -> list[tuple[Tensor, str]]:

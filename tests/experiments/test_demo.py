@@ -39,7 +39,7 @@ def test_demo_quick_writes_png_table_and_resumes(tmp_path):
     half = demo.Z95 * np.sqrt(np.square(r["pred_std"]) + 1 / demo.NOISE_PREC)
     inside = np.abs(data.y_test[:, 0].numpy() - np.array(r["pred_mean"])) <= half
     assert r["coverage95"] == pytest.approx(inside.mean())
-    # a rerun with one more method trains only that one (NUTS comes from the cache)
+    # a rerun with one more method trains only that one (the others come from the cache)
     assert main([*args, "--methods", "vadam,badam,vprop"]) == 0
     again = json.loads((out / "results.json").read_text())["runs"]
     assert again["vadam"] == runs["vadam"] and again["exact"] == runs["exact"] and "vprop" in again

@@ -318,7 +318,7 @@ def plot(done: dict[str, dict[str, Any]], data: ToyRegression, path: Path) -> No
             data.x_train[:, 0], data.y_train[:, 0], s=4, color="tab:orange", zorder=3, label="training data"
         )
         ax.set_title(
-            f"{_label(name)}\ntest RMSE {r['test_rmse']:.2f}, log-lik {r['test_loglik']:.1f}", fontsize=9
+            f"{_label(name)}\ntest RMSE {r['test_rmse']:.2f}, log-lik {r['test_loglik']:.2f}", fontsize=9
         )
         ax.set_xlim(x.min(), x.max())
         ax.set_ylim(*limits)

@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from ngvi.baselines import exact
-from ngvi.baselines.nuts import PYRO_MISSING, NUTSPosterior, effective_sample_size, nuts_posterior
+from ngvi.baselines.nuts import (
+    PYRO_MISSING,
+    NUTSPosterior,
+    effective_sample_size,
+    nuts_posterior,
+    split_r_hat,
+)
 
 pyro_stats = pytest.importorskip("pyro.ops.stats")
 
@@ -118,6 +124,29 @@ def test_without_pyro_the_error_names_the_extra(monkeypatch):
             torch.nn.Linear(2, 1), torch.randn(4, 2), torch.randn(4), prior_prec=1.0, noise_prec=1.0
         )
     assert str(err.value) == PYRO_MISSING and "\n" not in PYRO_MISSING
+
+
+# -- split R-hat -------------------------------------------------------------------------------------
+def test_split_r_hat_by_hand_and_against_pyro():
+    # chains [0, 1, 2, 3] and [1, 2, 1, 2]: halves of variance ½ each (W = ½), half means ½, 2½, 1½, 1½
+    # (variance ⅔), so R̂ = √((½·½ + ⅔) / ½) = √(11/6)
+    hand = torch.tensor([[0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 1.0, 2.0]], dtype=torch.float64)
+    assert float(split_r_hat(hand)) == pytest.approx((11 / 6) ** 0.5, rel=1e-12)
+    gen = torch.Generator().manual_seed(0)
+    iid = torch.randn(4, 1000, 3, generator=gen, dtype=torch.float64)
+    shifted = iid + torch.tensor([0.0, 0.0, 0.0, 3.0], dtype=torch.float64)[:, None, None]  # one chain apart
+    drifting = (
+        iid + torch.linspace(0, 3, 1000, dtype=torch.float64)[None, :, None]
+    )  # every chain drifts alike
+    for draws in (iid, shifted, drifting, iid[:, :7]):  # an odd length drops the middle draw, as pyro does
+        expected = pyro_stats.split_gelman_rubin(draws, chain_dim=0, sample_dim=1)
+        torch.testing.assert_close(split_r_hat(draws), expected)
+    assert (split_r_hat(iid) < 1.01).all() and (split_r_hat(shifted) > 1.3).all()
+    assert (split_r_hat(drifting) > 1.1).all()  # the split sees a trend that whole chains share
+    assert float(split_r_hat(torch.full((2, 6), 3.0))) == 1.0  # constant: the chains agree
+    assert float(split_r_hat(torch.tensor([[1.0] * 4, [2.0] * 4]))) == float("inf")
+    with pytest.raises(ValueError, match="samples ≥ 4"):
+        split_r_hat(torch.randn(4, 3))
 
 
 # -- the effective sample size ----------------------------------------------------------------------

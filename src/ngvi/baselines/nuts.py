@@ -37,7 +37,7 @@ from torch.func import functional_call
 
 from .. import _validation as check
 
-__all__ = ["NUTSPosterior", "effective_sample_size", "nuts_posterior"]
+__all__ = ["NUTSPosterior", "effective_sample_size", "nuts_posterior", "split_r_hat"]
 
 PYRO_MISSING = 'NUTS needs pyro-ppl, part of the experiments extra: pip install "ngvi[experiments]"'
 
@@ -151,6 +151,30 @@ def effective_sample_size(draws: Tensor) -> Tensor:
     tau = (2 * (monotone * initial).sum(0) - 1).clamp(min=1.0)
     ess = torch.where(constant, float(chains * n), chains * n / tau)
     return ess.reshape(draws.shape[2:]).to(draws.dtype if draws.is_floating_point() else torch.float64)
+
+
+def split_r_hat(draws: Tensor) -> Tensor:
+    r"""Split R-hat of each quantity in ``draws`` ([chains, samples, ...]; Gelman et al., BDA3 §11.4).
+
+    Each chain is cut into its first and last ⌊n/2⌋ draws, giving m = 2·chains chains of n' draws; with W
+    the mean within-chain variance and B/n' the variance of the m chain means (both unbiased),
+    R̂ = √(((n'−1)/n' · W + B/n') / W). It is 1 for chains that agree and grows when they do not. A quantity
+    constant over all draws gets 1; half-chains each constant but not all equal get ∞. Needs at least 4
+    draws per chain. (The estimator of ``pyro.ops.stats.split_gelman_rubin``, without importing pyro.)
+    """
+    if draws.dim() < 2 or draws.shape[1] < 4:
+        raise ValueError(
+            f"split R-hat needs draws of shape [chains, samples ≥ 4, ...], got {tuple(draws.shape)}"
+        )
+    half = draws.shape[1] // 2
+    x = draws.detach().to(torch.float64)
+    x = torch.cat([x[:, :half], x[:, -half:]])  # [2·chains, n', ...]
+    within = x.var(1).mean(0)
+    between = x.mean(1).var(0)  # B/n'
+    var_plus = (half - 1) / half * within + between
+    flat = torch.where(var_plus > 0, torch.inf, 1.0)  # W = 0: each half-chain constant; do they agree?
+    r_hat = torch.where(within > 0, (var_plus / torch.where(within > 0, within, 1.0)).sqrt(), flat)
+    return r_hat.to(draws.dtype if draws.is_floating_point() else torch.float64)
 
 
 def _layout(model: nn.Module) -> tuple[list[str], list[torch.Size]]:

@@ -1,10 +1,12 @@
-"""The experiments' models: the papers' MLP (regression, classification) and a small CNN."""
+"""The experiments' models: the papers' MLP (regression, classification), a small CNN, and a 1-D network
+with a fixed random ReLU layer (linear in its trained weights: ``ngvi demo``'s, whose posterior is exact)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from ngvi.baselines import mc_dropout_mlp
 
@@ -39,3 +41,27 @@ def cnn(channels: int = 32, side: int = 28, classes: int = 10, in_channels: int 
         nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(2 * channels * (side // 4) ** 2, 128), nn.ReLU(), nn.Linear(128, classes),
     )  # fmt: skip
+
+
+class ReLUFeatures(nn.Module):
+    """x ↦ relu(sⱼ (x − cⱼ)) for j = 1..``width``: ReLU units whose kinks cⱼ are drawn uniformly from
+    ``kinks`` and whose slopes sⱼ are ±``slope`` (each sign with probability ½), seeded. They are buffers,
+    not parameters, so an optimizer never sees them and a network built on them is linear in its weights."""
+
+    def __init__(self, width: int, kinks: tuple[float, float], slope: float, seed: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        low, high = kinks
+        self.register_buffer("kink", low + (high - low) * torch.rand(width, generator=gen))
+        signs = torch.where(torch.rand(width, generator=gen) < 0.5, -1.0, 1.0)
+        self.register_buffer("slope", slope * signs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """[n, 1] inputs to [n, width] features."""
+        return torch.relu(self.slope.to(x.dtype) * (x - self.kink.to(x.dtype)))
+
+
+def random_relu_net(width: int, kinks: tuple[float, float], slope: float, seed: int) -> nn.Sequential:
+    """A 1-``width``-1 ReLU network whose hidden layer is fixed (:class:`ReLUFeatures`) and whose output layer
+    (``width`` weights and a bias) is its only parameters."""
+    return nn.Sequential(ReLUFeatures(width, kinks, slope, seed), nn.Linear(width, 1))

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .engine import mixed_precision
+from .engine import mixed_precision, sharded
 
 __all__ = ["Diagnostics", "PosteriorWarning", "after_step", "report"]
 
@@ -110,7 +110,8 @@ def report(opt: Any) -> Diagnostics:
             limit += int(_at_limit(prec).sum())
             sigma = prec.float().rsqrt().flatten()
             sigmas.append(_strided(sigma))
-            snrs.append(_strided(opt.mean_of(p).float().abs().flatten() / sigma))
+            mean = sharded.local(opt.mean_of(p))  # under FSDP2 the report covers this rank's shards
+            snrs.append(_strided(mean.float().abs().flatten() / sigma))
     return Diagnostics(
         optimizer=type(opt).__name__,
         steps=opt.num_steps,
@@ -156,6 +157,9 @@ def _initial_value(opt: Any, group: dict[str, Any], p: Tensor, key: str) -> Tens
     """The constant that ``key`` of p's state starts at, in the state's dtype (a one-element tensor)."""
     data, fresh = p.data, {}
     dtype = torch.float32 if mixed_precision.promoted(opt, p) else p.dtype
+    if sharded.is_sharded(p):  # an element-wise rule (the others refuse shards): a plain stand-in will do
+        opt._init_state(group, torch.nn.Parameter(torch.zeros(1, dtype=dtype, device=data.device)), fresh)
+        return sharded.local(fresh[key])
     p.data = torch.zeros(1, dtype=dtype, device=p.device)
     try:
         opt._init_state(group, p, fresh)

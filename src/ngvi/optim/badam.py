@@ -13,13 +13,13 @@ N(θ, (N diag(v̂^{1/2}))⁻¹) plus the prior precision. ε keeps the precision
 
 **The default prior, λ = 1** (issue 32): the N(0, I) prior of ngvi's other rules (Vadam, VON, VOGN, BBVI,
 MAP). With BADAM's λ = 0 a weight whose gradient is always zero (a ReLU unit dead on the data, an input that
-is always 0) keeps v̂ = 0 and gets σ = 1/√(Nε): 707 at N = 200 on the demo's former 1-50-1 ReLU net
-(both layers trained), whose sampled predictive s.d. was then ~2·10⁶ (linearised: median 43–67). With
-λ = 1 every σ is at most 1/√λ = 1; on the same net (1,000 full-batch steps, lr 10⁻², seeds 0–1) the sampled
-predictive s.d. has median 2.5–3.2 and the linearised one 0.55–0.57, the predictive BAdam is meant for (the experiments' registry marks it
-``linearized``). Training barely notices: the prior adds weight decay λ/N (on the toy of
-``tests/optim/test_defaults.py`` the train MSE after 200 steps is 0.0189–0.0190 against 0.0190–0.0196 at
-λ = 0). Pass ``prior_prec=0`` for BADAM as published (its pruning experiment does).
+is always 0) keeps v̂ = 0 and gets σ = 1/√(Nε): 707 at N = 200 on the demo's former 1-50-1 ReLU net (both
+layers trained), whose sampled predictive s.d. was then ~2·10⁶ (linearised: median 43–67). With λ = 1 every σ
+is at most 1/√λ = 1; on the same net (1,000 full-batch steps, lr 10⁻², seeds 0–1) the sampled predictive s.d.
+has median 2.5–3.2 and the linearised one 0.55–0.57, the predictive BAdam is meant for (the experiments'
+registry marks it ``linearized``). Training barely notices: the prior adds weight decay λ/N (on the toy of
+``tests/optim/test_defaults.py`` the train MSE after 200 steps is 0.0189–0.0190 against 0.0190–0.0196 at λ =
+0). Pass ``prior_prec=0`` for BADAM as published (its pruning experiment does).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def cell(runs: dict[str, Any], problem: str, method: str, seeds: int) -> dict[st
         k: float(np.mean([r["sd"][k] for r in done.values()]))
         for k in next(iter(done.values()), {"sd": {}})["sd"]
     }
-    costs = [r["train_seconds"] / maps[s]["train_seconds"] for s, r in results.items()
+    costs = [r["train_seconds"] / maps[s]["train_seconds"] for s, r in done.items()
              if maps[s] is not None and maps[s]["train_seconds"] > 0]  # fmt: skip
     if costs:
         out["cost"] = float(np.mean(costs))
@@ -99,15 +99,16 @@ def summary_cell(task: str, method: str, c: dict[str, Any] | None) -> str:
     return text + (f" (diverged {len(c['diverged'])}/{c['seeds']})" if c["diverged"] else "")
 
 
-def _fmt(value: tuple[float, float, int] | None, digits: str = ".3f") -> str:
+def _fmt(value: tuple[float, float, int] | None, digits: str = ".3f", signed: bool = False) -> str:
     if value is None:
         return "–"
     mean, se, n = value
     if not math.isfinite(mean):
         return str(mean)
+    sign = "+" if signed and mean >= 0 else ""
     if abs(mean) >= 1e4:
-        return f"{mean:.3g}"
-    return fmt_mean_se(mean, se) if n > 1 else format(mean, digits)
+        return f"{sign}{mean:.3g}"
+    return sign + (fmt_mean_se(mean, se) if n > 1 else format(mean, digits))
 
 
 def problem_table(problem: str, methods: list[str], cells: dict[str, Any]) -> str:
@@ -124,14 +125,14 @@ def problem_table(problem: str, methods: list[str], cells: dict[str, Any]) -> st
         if c is None:
             continue
         if not c["done"]:
-            first = next(iter(c["diverged"].values()))
-            why = f"diverged in {len(c['diverged'])}/{c['seeds']} seeds: {first}"
-            rows.append([label(m), *["–"] * (len(header) - 3), f"{c.get('cost', math.nan):.1f}", why])
+            first = next(iter(c["diverged"].values())).split(":")[0]  # results.json has the whole message
+            why = f"diverged in {len(c['diverged'])}/{c['seeds']} seeds ({first})"
+            rows.append([label(m), *["–"] * (len(header) - 2), why])
             continue
         row = [
             label(m),
             _fmt(c.get("nll")),
-            "0 (itself)" if m == REFERENCE else _fmt(c.get("delta_nll"), "+.3f"),
+            "0 (itself)" if m == REFERENCE else _fmt(c.get("delta_nll"), ".3f", signed=True),
             _fmt(c.get("coverage95" if regression else "ece")),
             _fmt(c.get("rmse" if regression else "accuracy")),
             "– (one network)" if m == "map" else _fmt(c.get("far_near"), ".2f"),
@@ -190,7 +191,12 @@ RATIO_RANGE = (0.3, 30.0)
 
 
 def _bar(
-    ax: Any, y: float, value: tuple[float, float, int], colour: str, limits: tuple[float, float]
+    ax: Any,
+    y: float,
+    value: tuple[float, float, int],
+    colour: str,
+    limits: tuple[float, float],
+    label_small: bool = False,
 ) -> None:
     """A horizontal bar of ``value``'s mean (± its s.e.), clipped to ``limits`` and then labelled."""
     mean, se, _ = value
@@ -200,7 +206,7 @@ def _bar(
     if shown != mean:
         ax.text(shown, y, f" {mean:.3g} ", va="center", ha="right" if mean > high else "left", fontsize=7,
                 color="white", fontweight="bold")  # fmt: skip
-    elif abs(mean) < 0.02 * (high - low) and high - low < 10:  # a bar too short to see on a linear axis
+    elif label_small and abs(mean) < 0.02 * (high - low):  # a bar too short to see
         ax.text(mean, y, f" {mean:.2g}", va="center", fontsize=7)
 
 
@@ -230,7 +236,7 @@ def plot_criteria(
             elif "delta_nll" in c:
                 _bar(rows[0], y[i], c["delta_nll"], _colour(m, v.get("nll")), NLL_RANGE)
             calib = c["coverage95"] if task == "regression" else c["ece"]
-            _bar(rows[1], y[i], calib, _colour(m, v.get("calibration")), (0.0, 1.0))
+            _bar(rows[1], y[i], calib, _colour(m, v.get("calibration")), (0.0, 1.0), label_small=True)
             if "far_near" in c:
                 _bar(rows[2], y[i], c["far_near"], _colour(m, v.get("growing")), RATIO_RANGE)
             elif m == "map":
@@ -272,22 +278,35 @@ def plot_criteria(
 
 
 def plot_spread(cells: dict[str, dict[str, Any]], problems: list[str], methods: list[str], path: Any) -> None:
-    """The mean predictive s.d. of the network's output on the probes, against their distance c."""
+    """The mean predictive s.d. of the network's output on the probes, against their distance c: the ensemble
+    in thick black, each rule in its own colour and line style; one legend for all panels."""
     import matplotlib
+    import matplotlib.pyplot as plt
 
-    colours = matplotlib.colormaps["tab20"]
-    fig, axes = figure(len(problems), cols=len(problems), size=(4.2, 3.6))
+    colours = matplotlib.colormaps["tab10"]
+    fig, axes = figure(len(problems), cols=len(problems), size=(4.4, 3.8))
+    handles: dict[str, Any] = {}
     for ax, p in zip(axes, problems, strict=True):
         for i, m in enumerate(methods):
             c = cells[p][m]
             if m == "map" or c is None or not c["done"] or not c["sd"]:
                 continue
             sd = [c["sd"][f"x{s:g}"] for s in SCALES]
-            style = {"color": "k", "lw": 2.5} if m == REFERENCE else {"color": colours(i % 20), "lw": 1.3}
-            ax.plot(SCALES, sd, marker="o", ms=3, label=label(m), **style)
+            style = (
+                {"color": "k", "lw": 2.8, "ls": "-"}
+                if m == REFERENCE
+                else {"color": colours(i % 10), "lw": 1.4, "ls": ("-", "--", ":")[i // 10 % 3]}
+            )
+            (handles[label(m)],) = ax.plot(SCALES, sd, marker="o", ms=3, **style)
         ax.set_yscale("log")
         ax.set_xticks(SCALES)
-        ax.set_xlabel("distance from the training mean (× the test set's)")
-        ax.set_ylabel("s.d. of " + ("f(x)" if PROBLEMS[p].task == "regression" else "p(class | x)"))
-        ax.set_title(p, fontsize=10)
-    save_figure(fig, path, legend_from=axes[0])
+        ax.set_xlabel(
+            "c: distance from the training mean\n(× the test inputs'; c = 1: the test set)", fontsize=8
+        )
+        ax.set_ylabel("mean s.d. of " + ("f(x)" if PROBLEMS[p].task == "regression" else "p(class | x)"))
+        ax.set_title(f"{p} ({PROBLEMS[p].task})", fontsize=10)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle("Predictive s.d. across posterior draws, moving away from the training data", fontsize=11)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

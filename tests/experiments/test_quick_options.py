@@ -43,6 +43,8 @@ CASES = [
     ("bandits", ["--runs", "2"], "runs", 2, 12, 10),
     ("active", ["--rounds", "3"], "rounds", 3, 2, 10),
     ("active", ["--refit-steps", "7"], "budget.refit_steps", 7, 10, 100),
+    ("calibration", ["--steps", "7"], "steps", 7, 40, 2000),
+    ("calibration", ["--samples", "3"], "samples", 3, 8, 64),
 ]  # fmt: skip
 
 

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "rl": "rl",
     "vime": "vime",
     "charlm": "charlm",
+    "calibration": "calibration",
 }
 
 

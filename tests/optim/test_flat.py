@@ -303,3 +303,22 @@ def test_compiled_flat_rule_compiles_one_graph_per_core_whatever_the_tensor_shap
     before = set(F._capture._COMPILED)
     BY_NAME["ivon"].train(model, opt, 2)
     assert len(set(F._capture._COMPILED) - before) == 2  # diagonal_sigma and ivon_update_
+
+
+def test_non_contiguous_and_expanded_gradients_are_gathered_as_the_per_tensor_path_reads_them():
+    """p.grad may be a transposed or an expanded (stride 0) tensor: the bucket copies its values."""
+    runs = []
+    for flat in (False, True):
+        model = mlp()
+        opt = ngvi.Vadam(model.parameters(), data_size=64, seed=0, flat=flat)
+        for step in range(3):
+            with opt.sampled_params(train=True):
+                for i, p in enumerate(model.parameters()):
+                    if p.dim() == 2:
+                        p.grad = torch.full(p.shape[::-1], 0.1 * (i + step), dtype=p.dtype).t()
+                    else:
+                        p.grad = torch.tensor(0.2 * (i - step), dtype=p.dtype).expand(p.shape)
+            opt.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)

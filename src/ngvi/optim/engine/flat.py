@@ -17,7 +17,7 @@ state entry is bound to, and the scalars): a parameter rebound since (``model.to
 state replaced (``load_state_dict``, ``opt.state.clear()``) or parameters that no longer step together
 (one without a gradient) rebuild it or fall back to the per-tensor path, never silently use stale buffers.
 Memory: θ's buffer is kept between steps (the per-tensor path allocated θ at each draw); once μ is
-restored it holds the first sample's ĝ, gathered from ``p.grad`` with one op, so a step holds one
+restored it holds the sample's ĝ, copied from ``p.grad`` with one multi-tensor op, so a step holds one
 parameter-sized tensor more than the per-tensor path, which summed into ``p.grad``'s own tensors.
 :func:`enabled` is the one place that chooses the path.
 """
@@ -190,7 +190,7 @@ class Bucket:
         """A sharded bucket's μ from its shards, which are the truth between steps (a load writes there);
         a promoted bucket's truth is its master."""
         if self.sharded and not self.promoted:
-            _gather(self.locals, self.param_flat)
+            torch._foreach_copy_(self.param_views, self.locals)
 
     @torch.no_grad()
     def write_back(self) -> None:
@@ -201,13 +201,6 @@ class Bucket:
             torch._foreach_copy_(self.locals, mu_views)
         elif self.promoted:
             self.param_flat.copy_(self.mu)
-
-
-def _gather(tensors: list[Tensor], out: Tensor) -> None:
-    """``out`` ← the tensors one after the other, with one op (an empty shard holds nothing)."""
-    tensors = [t for t in tensors if t.numel()]
-    if tensors:
-        torch._chunk_cat(tensors, 0, 1, out=out.view(1, -1))
 
 
 def _disjoint(tensors: list[Tensor]) -> bool:
@@ -343,10 +336,11 @@ def restore(b: Bucket) -> None:
 
 @torch.no_grad()
 def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Tensor | None]) -> None:
-    """Add the sample in ``p.grad`` to the bucket's sums: ĝ gathered flat with one op (into θ's buffer for
-    the first sample: it is free once μ is restored) and ĥ from ``estimate(ĝ)`` on the flat sample."""
-    target = b.theta if first and not b.promoted else torch.empty_like(b.mu)
-    _gather([sharded.local(p.grad) for p in b.params], target)
+    """Add the sample in ``p.grad`` to the bucket's sums: ĝ copied flat into θ's buffer with one
+    multi-tensor copy (the buffer is free once μ is restored; a pending sum is moved out before the next
+    draw), in float32 for a promoted bucket, and ĥ from ``estimate(ĝ)`` on the flat sample."""
+    torch._foreach_copy_(b.theta_views, [sharded.local(p.grad) for p in b.params])
+    target = b.theta.float() if b.promoted else b.theta
     curv = estimate(target)
     if first:
         b.grad, b.curv = target, curv

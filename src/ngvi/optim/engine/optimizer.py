@@ -282,7 +282,21 @@ class VariationalOptimizer(Optimizer):
         self.check_finite()  # a checkpoint never holds a step the device flagged but nobody read
         out = super().state_dict()
         out["state"] = {k: v for k, v in out["state"].items() if v}  # a look-up may leave an empty entry
+        params = [p for group in self.param_groups for p in group["params"]]
+        out["state"] = {  # FSDP2's shards: their state as DTensors (:mod:`.sharded`)
+            k: sharded.as_dtensors(params[k], v) if sharded.is_sharded(params[k]) else v
+            for k, v in out["state"].items()
+        }
         return {**out, "ngvi": state_checks.engine_state(self)}
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """Create the state of every trainable parameter now, as its first step would (nothing else
+        changes): a fresh optimizer's ``state_dict()`` then has every entry, as
+        ``torch.distributed.checkpoint.load`` needs to load a checkpoint into it."""
+        for group in self.param_groups:
+            for p in self.trainable(group):
+                self.state_of(group, p)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that

@@ -74,3 +74,27 @@ def whole(p: Tensor, part: Tensor) -> Tensor:
     return DTensor.from_local(
         part, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
     ).full_tensor()
+
+
+def as_dtensors(p: Tensor, entry: dict[str, Any]) -> dict[str, Any]:
+    """A shard's state entry with its tensors as DTensors laid out like ``p`` (no copy), so that a state dict
+    describes the whole parameter: ``torch.distributed.checkpoint`` saves and reshards it across world
+    sizes, and a load checks its shapes against the whole parameter."""
+    from torch.distributed.tensor import DTensor
+
+    shard = local(p).shape
+    return {
+        k: DTensor.from_local(
+            v, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False
+        )
+        if isinstance(v, Tensor) and not is_sharded(v) and v.shape == shard
+        else v
+        for k, v in entry.items()
+    }
+
+
+def localise(state: dict[str, Any]) -> None:
+    """A loaded state entry's DTensors as the rank's contiguous parts (the engine keeps plain tensors)."""
+    for k, v in list(state.items()):
+        if isinstance(v, Tensor) and is_sharded(v):
+            state[k] = local(v).contiguous()

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..._validation import NOISE_DTYPES
-from . import mixed_precision
+from . import mixed_precision, sharded
 from .noise import NOISES, dtype_name
 
 #: state entries a rule creates only when an option needs them (heavy-ball buffers)
@@ -55,6 +55,8 @@ def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
     validate(opt, state_dict, extra)
     load_torch_state(state_dict)
     mixed_precision.restore_float32_state(opt, state_dict)
+    for state in opt.state.values():  # FSDP2's shards keep their part as plain tensors
+        sharded.localise(state)
     if extra is not None:
         opt.skipped_steps = int(extra["skipped_steps"])
         opt.num_steps = int(extra["num_steps"])

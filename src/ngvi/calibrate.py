@@ -262,6 +262,55 @@ def _extension(logs: list[float], nll: list[float]) -> list[float]:
     return []
 
 
+class _PriorSearch:
+    """λ by the held-out NLL: a log-spaced grid (extended at a best end), then golden section on log λ
+    between the best grid point's neighbours. Writes each candidate into ``opt`` to score it."""
+
+    def __init__(self, opt: Any, key: PriorKey, objective: _Objective, noise_std: float | None):
+        self.opt, self.key, self.objective, self.noise_std = opt, key, objective, noise_std
+        self.scores: dict[float, tuple[float, float | None]] = {}  # log λ -> (NLL, σ)
+        self.given: dict[float, float] = {}  # log λ -> λ for the grid's values, written as given
+
+    def lam(self, log_lam: float) -> float:
+        return self.given.get(log_lam, math.exp(log_lam))
+
+    def write(self, log_lam: float) -> None:
+        for g in self.opt.param_groups:
+            g[self.key.key] = self.key.from_prior(self.lam(log_lam), g)
+
+    def nll(self, log_lam: float) -> float:
+        if log_lam not in self.scores:
+            self.write(log_lam)
+            self.scores[log_lam] = self.objective(self.noise_std)
+        return self.scores[log_lam][0]
+
+    def add(self, lams: Sequence[float]) -> list[float]:
+        """Score the feasible ones of ``lams`` not yet scored; their log λ."""
+        new = {math.log(lam): lam for lam in _feasible_grid(self.opt, self.key, lams)}
+        new = {k: v for k, v in new.items() if k not in self.scores}
+        self.given.update(new)
+        for log_lam in new:
+            self.nll(log_lam)
+        return list(new)
+
+    def run(self, grid: Sequence[float], before: tuple[float, ...], extend: bool) -> tuple[Any, ...]:
+        """(fitted λ, written into ``opt``; its NLL and σ; the grid's λ, sorted; their NLL)."""
+        shared = len(set(before)) == 1 and before[0] > 0  # the λ before is a candidate when groups share it
+        logs = self.add([*grid, before[0]] if shared else grid)
+        for _ in range(_MAX_EXTENSIONS if extend else 0):
+            logs.sort()
+            added = self.add(_extension(logs, [self.scores[v][0] for v in logs]))
+            if not added:
+                break
+            logs += added
+        logs.sort()
+        grid_nll = tuple(self.scores[v][0] for v in logs)
+        _minimise(self.nll, logs, _TOL_LOG_PRIOR)
+        best = min(self.scores, key=lambda v: self.scores[v][0])  # of all evaluated: grid and refinement
+        self.write(best)
+        return self.lam(best), *self.scores[best], tuple(self.lam(v) for v in logs), grid_nll
+
+
 def prior_key(opt: Any) -> PriorKey:
     """Where ``opt`` keeps λ, or a TypeError that says why λ cannot be fitted for it and what to use."""
     for classes, key in PRIOR_KEYS:
@@ -398,43 +447,9 @@ def calibrate(
             task, None, (), noise_after, noise_std, nll_before, nll_after, (), (), None, samples, points, seed
         )
 
-    scores: dict[float, tuple[float, float | None]] = {}  # log λ -> (NLL, σ)
-
-    exact: dict[float, float] = {}  # log λ -> λ for the grid's values, so that they are written as given
-
-    def set_prior(log_lam: float) -> None:
-        lam = exact.get(log_lam, math.exp(log_lam))
-        for g in opt.param_groups:
-            g[key.key] = key.from_prior(lam, g)
-
-    def nll_at(log_lam: float) -> float:
-        if log_lam not in scores:
-            set_prior(log_lam)
-            scores[log_lam] = objective(fixed_noise)
-        return scores[log_lam][0]
-
     try:
-        candidates = [*grid, before_prior[0]] if len(set(before_prior)) == 1 and before_prior[0] > 0 else grid
-        exact.update({math.log(lam): lam for lam in _feasible_grid(opt, key, candidates)})
-        logs = list(exact)
-        for log_lam in logs:
-            nll_at(log_lam)
-        for _ in range(_MAX_EXTENSIONS if extend else 0):
-            logs = sorted(logs)
-            more = _extension(logs, [scores[v][0] for v in logs])
-            added = [math.log(lam) for lam in _feasible_grid(opt, key, more) if math.log(lam) not in scores]
-            exact.update({math.log(lam): lam for lam in _feasible_grid(opt, key, more)})
-            if not added:
-                break
-            for log_lam in added:
-                nll_at(log_lam)
-            logs += added
-        logs = sorted(logs)
-        grid_nll = tuple(scores[v][0] for v in logs)
-        _minimise(nll_at, logs, _TOL_LOG_PRIOR)
-        log_fitted = min(scores, key=lambda v: scores[v][0])  # the best of all evaluated
-        nll_after, noise_after = scores[log_fitted]
-        set_prior(log_fitted)
+        search = _PriorSearch(opt, key, objective, fixed_noise)
+        fitted, nll_after, noise_after, grid_lams, grid_nll = search.run(grid, before_prior, extend)
         for g in opt.param_groups:
             opt._check_group(g)  # the value must pass the rule's own check (a later load_state_dict runs it)
     except BaseException:
@@ -443,13 +458,13 @@ def calibrate(
         raise
     return Calibration(
         task=task,
-        prior_prec=exact.get(log_fitted, math.exp(log_fitted)),
+        prior_prec=fitted,
         prior_prec_before=before_prior,
         noise_std=noise_after if task == "regression" else None,
         noise_std_before=noise_std if task == "regression" else None,
         nll_before=nll_before,
         nll_after=nll_after,
-        grid=tuple(exact.get(v, math.exp(v)) for v in logs),
+        grid=grid_lams,
         grid_nll=grid_nll,
         key=key.key,
         samples=samples,

@@ -266,6 +266,22 @@ def test_vectorize_gives_the_loops_result():
     assert vec.noise_std == pytest.approx(loop.noise_std, rel=1e-6)
 
 
+def test_a_negative_data_part_bounds_lambda_below():
+    """VON's Price estimates keep s + λ/N > 0, not s: an MLP 8-16-1 trained under a strong prior (λ = 10³)
+    ends with N·s < 0 for some weights (min −415 here), so λ below that has no posterior. Those candidates
+    score +∞ and the fit is a valid posterior (every variance positive and finite) above the bound."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, 1))
+    make = lambda m, n: ngvi.VON(m.parameters(), n, prior_prec=1e3, seed=0)  # noqa: E731
+    model, opt = trained(make, 64, noise=0.1, loss_noise=0.1, steps=100, model=mlp)
+    data_part = torch.cat([(1 / v.double() - 1e3).flatten() for v in opt.posterior().variance])
+    assert float(data_part.min()) < -1.0  # the case under test: the grid's start, λ = 10⁻⁴, is infeasible
+    cal = ngvi.calibrate(model, opt, linear_data(200, 2, 0.1), samples=16)
+    assert cal.prior_prec > -float(data_part.min())
+    assert all(bool(torch.isfinite(v).all() and (v > 0).all()) for v in opt.posterior().variance)
+    assert math.inf in cal.grid_nll and math.isfinite(cal.nll_after)
+
+
 def test_numeric_init_prec_caps_lambda():
     """init_prec = 2 (a number): q₀ may not be wider than the prior, so λ ≤ 2 (the rule's own check). The
     held-out optimum of this problem lies above (λ ≈ 30 for Vadam in the first test): the fit is the cap."""

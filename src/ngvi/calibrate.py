@@ -9,7 +9,9 @@ After training, ``calibrate(model, opt, val_data, task=...)`` chooses
   scalar prior, as laplace-torch's default), by minimising the held-out NLL of the Monte-Carlo predictive
   over a log-spaced grid and then a golden-section search on log λ between the grid best's neighbours;
   where the best grid point is an end of the default grid the grid is extended by four decades that way
-  (twice at most). The value is written into the rule's own group key, so ``opt.posterior()``,
+  (twice at most). VON's and IVON's data part P comes from Hessian estimates that may be negative for some
+  weights (only P + λ is kept positive in training), so a λ below −min P leaves no valid posterior: such
+  candidates score +∞. The value is written into the rule's own group key, so ``opt.posterior()``,
   :func:`ngvi.predict`, ``state_dict()`` and :func:`ngvi.save_posterior` all use it.
 * for **regression**, the noise s.d. σ of the Gaussian likelihood, by the same held-out NLL: at each λ
   the σ that minimises it (a grid and a golden-section search on log σ; no network pass is repeated), so λ
@@ -153,7 +155,10 @@ class _Objective:
 
     def __call__(self, noise_std: float | None) -> tuple[float, float | None]:
         """(NLL, σ) of the current posterior; σ fitted when ``noise_std`` is None (regression)."""
-        posterior = self.opt.posterior() if self.with_posterior else None
+        try:
+            posterior = self.opt.posterior() if self.with_posterior else None
+        except ValueError:  # a precision ≤ 0: VON's and IVON's data part may be negative (docstring)
+            return math.inf, None
         if self.task == "classification":
             total, count = 0.0, 0
             for x, y in self.batches:
@@ -307,6 +312,11 @@ class _PriorSearch:
         grid_nll = tuple(self.scores[v][0] for v in logs)
         _minimise(self.nll, logs, _TOL_LOG_PRIOR)
         best = min(self.scores, key=lambda v: self.scores[v][0])  # of all evaluated: grid and refinement
+        if not math.isfinite(self.scores[best][0]):
+            raise ValueError(
+                "calibrate: no λ of the grid gives a posterior with positive, finite variances; pass a grid "
+                "of larger values (grid=)"
+            )
         self.write(best)
         return self.lam(best), *self.scores[best], tuple(self.lam(v) for v in logs), grid_nll
 

@@ -15,6 +15,7 @@ import ngvi
 from ngvi import metrics
 from ngvi.baselines import BBVI, MAP
 from ngvi.calibrate import prior_key
+from ngvi.evaluation import token_rows
 
 D = 8
 
@@ -183,7 +184,7 @@ def test_the_fitted_prior_is_the_rules_own_and_posterior_uses_it(make):
     assert cal.nll_after <= cal.nll_before
 
 
-def test_predict_and_the_report_use_the_fitted_values():
+def test_predict_and_the_report_use_the_fitted_values(tmp_path):
     """ngvi.predict's own draws (sampled_params) have the fitted variances (4,000 draws: within 10%), and
     uncertainty_report(noise_std=cal.noise_std) on the same seeded draws reports cal.nll_after (to 1e-6:
     the report evaluates them in one vmap pass, calibrate in a loop, float32 outputs either way)."""
@@ -197,19 +198,13 @@ def test_predict_and_the_report_use_the_fitted_values():
     empirical = torch.stack(weights).var(0)
     torch.testing.assert_close(empirical, opt.posterior().variance[0], rtol=0.1, atol=0)
     report = ngvi.uncertainty_report(
-        model, opt, (x_val, y_val), out=_tmp(), task="regression", noise_std=cal.noise_std, samples=32,
+        model, opt, (x_val, y_val), out=tmp_path, task="regression", noise_std=cal.noise_std, samples=32,
         vectorize=True, generator=torch.Generator().manual_seed(7),
     )  # fmt: skip
     assert report.metrics["nll"] == pytest.approx(cal.nll_after, rel=1e-6)
     x, y = x_val, y_val
     f = ngvi.predict(model, opt, x, 32, vectorize=True, generator=torch.Generator().manual_seed(7))
     assert -metrics.gaussian_log_likelihood(f, y, cal.noise_prec) == pytest.approx(cal.nll_after, rel=1e-6)
-
-
-def _tmp():
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="ngvi-calibrate-")
 
 
 def test_state_dict_and_save_posterior_keep_the_fitted_prior(tmp_path):
@@ -253,6 +248,25 @@ def test_classification_fits_lambda_on_the_categorical_nll():
     assert metrics.categorical_nll(logits, y[100:]) == pytest.approx(cal.nll_after, abs=1e-9)
     assert cal.nll_after <= min(cal.grid_nll) + 1e-12
     assert cal.noise_std is None and cal.points == 300
+
+
+def test_token_level_logits_count_the_tokens_that_count():
+    """[N, T, V] logits with labels [N, T] (−100: ignored): the NLL is over the counted tokens only, as
+    ngvi.evaluation.token_rows picks them (checked on the same seeded draws)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 5, 4, generator=g), torch.randint(0, 3, (30, 5), generator=g)
+    y[:, -1] = -100
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = ngvi.Vadam(model.parameters(), 150, lr=1e-2, seed=0)
+    cal = ngvi.calibrate(model, opt, (x, y), "classification", samples=8, grid=[0.1, 10.0])
+    probs = torch.softmax(
+        ngvi.predict(model, opt, x, 8, vectorize=True, generator=torch.Generator().manual_seed(0)).double(),
+        -1,
+    )
+    rows, labels = token_rows(probs.mean(0), y)
+    assert cal.points == 30 and labels.numel() == 120
+    assert -float(rows.gather(1, labels.view(-1, 1)).log().mean()) == pytest.approx(cal.nll_after, rel=1e-6)
 
 
 def test_vectorize_gives_the_loops_result():

@@ -6,7 +6,7 @@ After training, ``calibrate(model, opt, val_data, task=...)`` chooses
   (:data:`PRIOR_KEYS`): Vadam, Vprop, VON, VOGN, BAdam (``prior_prec``), IVON (λ = N·δ, ``weight_decay``)
   and noisy Adam (λ = 1/η, ``prior_var``). λ changes the posterior's variances, not its mean: 1/σ² = P + λ,
   with P the data's part that training left in the state. One λ is fitted for all parameter groups (a
-  scalar prior, as laplace-torch's default), by minimising the held-out NLL of the Monte-Carlo predictive
+  scalar prior, as laplace-torch's grid search), by minimising the held-out NLL of the Monte-Carlo predictive
   over a log-spaced grid and then a golden-section search on log λ between the grid best's neighbours;
   where the best grid point is an end of the default grid the grid is extended by four decades that way
   (twice at most). VON's and IVON's data part P comes from Hessian estimates that may be negative for some
@@ -22,8 +22,10 @@ After training, ``calibrate(model, opt, val_data, task=...)`` chooses
 The held-out NLL is the one of :mod:`ngvi.metrics` (per point, output dimensions summed): for regression
 −(1/N) Σₙ log (1/S) Σₛ N(yₙ | fₛ(xₙ), σ²), for classification −(1/N) Σₙ log (1/S) Σₛ softmax(fₛ(xₙ))[yₙ]
 (token-level [N, T, V] logits count the tokens of :func:`ngvi.evaluation.token_rows`). Every candidate λ
-is scored with the same ``samples`` standard-normal draws ε (``seed``), θₛ = μ + σ(λ)⊙εₛ, so the objective
-is a smooth function of λ and differences between candidates are not Monte-Carlo noise.
+is scored with the same ``samples`` standard-normal draws ε, θₛ = μ + σ(λ)⊙εₛ (``posterior().sample`` with a
+generator seeded by ``seed``, ``chunk`` draws at a time: the two fix ε), so the objective is a smooth
+function of λ and differences between candidates are not Monte-Carlo noise; the optimizer's own noise
+stream is not touched.
 
 Refused, with the optimizer left as it was: rules whose prior is not an additive term of a diagonal
 precision (VadaGrad has no prior; the K-FAC family's prior is damping inside factors inverted during
@@ -50,7 +52,7 @@ from .optim.protocol import unwrap
 from .predict import OutputSelector, _call, _eval_mode, _param_keys, predict
 from .report import _batches
 
-__all__ = ["PRIOR_KEYS", "Calibration", "PriorKey", "calibrate"]
+__all__ = ["PRIOR_KEYS", "Calibration", "PriorKey", "calibrate", "prior_key"]
 
 TASKS = ("regression", "classification")
 #: the default grid of λ: 10⁻⁴ … 10⁴, four points a decade; extended where its best is an end

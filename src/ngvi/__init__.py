@@ -12,11 +12,13 @@ Bayesian deep learning as easy as training with Adam::
         opt.step(closure)
     outputs = ngvi.predict(model, opt, x_test, samples=32)    # [32, ...]
     posterior = opt.posterior()                               # DiagonalGaussian
+    cal = ngvi.calibrate(model, opt, (x_val, y_val), "classification")   # λ fitted on held-out NLL
 """
 
 from . import baselines, curvature, metrics, pruning
 from ._version import __version__ as __version__
 from .artefacts import PosteriorSampler, load_posterior, posterior_of, save_posterior
+from .calibrate import Calibration, calibrate
 from .evaluation import evaluate_classifier
 from .optim import (
     IVON,
@@ -55,6 +57,7 @@ __all__ = [
     "VON",
     "BAdam",
     "BlockTridiagonalGaussian",
+    "Calibration",
     "Diagnostics",
     "DiagonalGaussian",
     "FullGaussian",
@@ -75,6 +78,7 @@ __all__ = [
     "Vprop",
     "apply_masks",
     "baselines",
+    "calibrate",
     "curvature",
     "evaluate_classifier",
     "load_posterior",

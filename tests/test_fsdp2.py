@@ -6,7 +6,9 @@ whole parameter, and FSDP2 averages the gradients over the ranks, so after 20 st
 the order of floating-point sums (float64: measured a few 1e-15 relative; tolerance 1e-9), and each rank
 keeps about half of the optimizer state. The rules whose
 sample or curvature spans whole layers are refused with a message that names DDP, and so is noise that
-would depend on the number of ranks. All runs share one spawn of two processes (spawning dominates).
+would depend on the number of ranks. These runs share one spawn of two processes (spawning dominates).
+A checkpoint through ``torch.distributed.checkpoint`` saved on two ranks resumes on one, is saved again and
+resumes on three, and ends where the uninterrupted two-rank run ends.
 """
 
 from __future__ import annotations
@@ -201,3 +203,76 @@ def test_bfloat16_compute_keeps_a_float32_state_and_trains(sharded_runs):
     mixed = sharded_runs["mixed"]
     assert mixed["dtypes"] == ["torch.float32"]
     assert mixed["last"] < 0.75 * mixed["first"]  # measured 0.60 after 30 steps
+
+
+# -- checkpoints through torch.distributed.checkpoint, across world sizes ---------------------------------
+ROWS = 12  # a batch every world size of the chain divides
+
+
+def _sharded_ivon() -> tuple[nn.Module, ngvi.IVON]:
+    from torch.distributed.fsdp import fully_shard
+
+    net = model()
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    return net, ngvi.IVON(net.parameters(), 64, seed=3, noise="chunked")
+
+
+def _steps(net: nn.Module, opt, steps: int) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = batch()
+    per = ROWS // world
+    x, y = x[per * rank : per * (rank + 1)], y[per * rank : per * (rank + 1)]
+
+    def closure():
+        opt.zero_grad()
+        loss = 0.5 * (net(x) - y).square().mean()
+        loss.backward()
+        return loss
+
+    for _ in range(steps):
+        opt.step(closure)
+
+
+def _checkpoint_worker(rank: int, world: int, store: str, plan: dict) -> None:
+    """Load ``plan["load"]`` if given (into a fresh model and optimizer), take ``plan["steps"]`` steps, save
+    to ``plan["save"]`` if given, and write the gathered posterior to ``plan["out"]``."""
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        net, opt = _sharded_ivon()
+        if plan.get("load"):
+            opt.init_state()  # every entry present: dcp.load fills a state dict in place
+            state = {"model": net.state_dict(), "optim": opt.state_dict()}
+            dcp.load(state, checkpoint_id=plan["load"])
+            net.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+        _steps(net, opt, plan["steps"])
+        if plan.get("save"):
+            dcp.save({"model": net.state_dict(), "optim": opt.state_dict()}, checkpoint_id=plan["save"])
+        post = opt.posterior()
+        if rank == 0:
+            tensors = [t.tolist() for t in (*post.mean, *post.variance)]
+            Path(plan["out"]).write_text(json.dumps({"steps": opt.num_steps, "posterior": tensors}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_then_three_as_if_never_interrupted(tmp_path):
+    import torch.multiprocessing as mp
+
+    def run(world: int, **plan) -> dict:
+        store = tmp_path / f"store-{len(list(tmp_path.iterdir()))}"
+        mp.spawn(_checkpoint_worker, args=(world, str(store), plan), nprocs=world, join=True)
+        return json.loads(Path(plan["out"]).read_text())
+
+    whole = run(2, steps=10, out=str(tmp_path / "whole.json"))
+    run(2, steps=5, save=str(tmp_path / "at5"), out=str(tmp_path / "a.json"))
+    run(1, steps=3, load=str(tmp_path / "at5"), save=str(tmp_path / "at8"), out=str(tmp_path / "b.json"))
+    resumed = run(3, steps=2, load=str(tmp_path / "at8"), out=str(tmp_path / "c.json"))
+    assert resumed["steps"] == whole["steps"] == 10
+    for a, b in zip(resumed["posterior"], whole["posterior"], strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=RTOL, atol=1e-12)

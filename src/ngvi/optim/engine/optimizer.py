@@ -293,10 +293,12 @@ class VariationalOptimizer(Optimizer):
     def init_state(self) -> None:
         """Create the state of every trainable parameter now, as its first step would (nothing else
         changes): a fresh optimizer's ``state_dict()`` then has every entry, as
-        ``torch.distributed.checkpoint.load`` needs to load a checkpoint into it."""
+        ``torch.distributed.checkpoint.load`` needs to load a checkpoint into it (the noise generators of
+        the parameters' devices included)."""
         for group in self.param_groups:
             for p in self.trainable(group):
                 self.state_of(group, p)
+                self.noise_source.generator(p.device)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that

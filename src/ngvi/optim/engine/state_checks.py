@@ -51,6 +51,8 @@ def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
             "load_state_dict() was called with a posterior sample pending; call it between steps"
         )
     state_dict = dict(state_dict)
+    if isinstance(state_dict.get("state"), dict):
+        state_dict["state"] = _merged_indices(state_dict["state"])
     extra = state_dict.pop("ngvi", None)
     validate(opt, state_dict, extra)
     load_torch_state(state_dict)
@@ -61,6 +63,20 @@ def load(opt: Any, state_dict: dict[str, Any], load_torch_state: Any) -> None:
         opt.skipped_steps = int(extra["skipped_steps"])
         opt.num_steps = int(extra["num_steps"])
         opt.noise_source.load_state_dict(extra)
+
+
+def _merged_indices(state: dict[Any, Any]) -> dict[Any, Any]:
+    """``torch.distributed.checkpoint.load`` loads tensors in place but puts the values it loaded as objects
+    (the step counts) under the index spelled as a string: one entry per parameter again, the loaded values
+    winning."""
+    out: dict[Any, Any] = {}
+    for key, entry in sorted(state.items(), key=lambda kv: isinstance(kv[0], str)):  # the strings last
+        index = int(key) if isinstance(key, str) and key.isdigit() else key
+        if index in out and isinstance(out[index], dict) and isinstance(entry, dict):
+            out[index] = {**out[index], **entry}
+        else:
+            out[index] = entry
+    return out
 
 
 def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:

@@ -284,3 +284,27 @@ def test_every_optimizer_accepts_the_shared_vocabulary():
         lambda: ngvi.baselines.MAP(model, 8, prior_prec=2.0, mc_samples=1),
     ):
         assert isinstance(make(), ngvi.PosteriorOptimizer)
+
+
+@pytest.mark.parametrize("name", ["Vadam", "IVON", "VON", "BAdam"])
+def test_init_state_creates_what_the_first_step_would_and_changes_nothing_else(name):
+    """``init_state()`` (what ``torch.distributed.checkpoint.load`` needs of a fresh optimizer): every
+    trainable parameter gets its state; the steps that follow are bitwise those without it."""
+    runs = []
+    for init in (False, True):
+        model = _Model()
+        opt = getattr(ngvi, name)(model.parameters(), 10, seed=0)
+        if init:
+            opt.init_state()
+            assert set(opt.state_dict()["state"]) == {0, 1} and opt.num_steps == 0
+        for _ in range(3):
+
+            def closure(model=model, opt=opt):
+                opt.zero_grad()
+                loss = (model.a.sum() - 1) ** 2 + model.b.square().sum()
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))

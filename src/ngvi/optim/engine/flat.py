@@ -9,8 +9,10 @@ parameters share, such as the step), so a pass is one kernel (or one multi-tenso
 per-tensor lists that remain) whatever the number of tensors, and one ``normal_`` draws ε for the bucket.
 
 The same arithmetic on the same operands: fed the same ε, the per-tensor path and this one give bitwise the
-same trajectories (``tests/optim/test_flat.py``). The random stream differs from the per-tensor path's (one
-draw per bucket, not one per parameter), which is why the golden trajectories were re-recorded with it.
+same trajectories (``tests/optim/test_flat.py``). With ``noise="normal"`` the random stream differs from the
+per-tensor path's (one draw per bucket, not one per parameter), which is why the golden trajectories were
+re-recorded with it; ``noise="chunked"`` keys each parameter's ε as before, and FSDP2's shards
+(:mod:`.sharded`) use that.
 
 A bucket is built at the first draw and checked at each one (metadata only: the tensor each parameter and
 state entry is bound to, and the scalars): a parameter rebound since (``model.to()``, ``p.data = ...``), a

@@ -194,9 +194,8 @@ def test_count_step_counts_the_ops_and_the_host_reads_of_a_step():
 def test_bench_counts_per_step_beyond_forward_backward_on_the_chain():
     """On the quick chain (64 Linear layers, 128 tensors): the floor is Adam plus one ``normal_`` per weight
     tensor (128 ATen ops more per step); Vadam's default finiteness check reads one value per step on the
-    host, ``finite_check="device"`` none; forward + backward alone reads none and is faster than Adam's
-    step (Adam runs it and then 128 tensors' update: about twice its time here), compared by the median of
-    20 interleaved steps each."""
+    host, ``finite_check="device"`` none; forward + backward alone reads none. (Times are measured, not
+    asserted: a timed test would fail on a loaded machine.)"""
     from ngvi.experiments.bench.methods import Method, methods, ngvi_method
 
     timed = methods()
@@ -211,7 +210,6 @@ def test_bench_counts_per_step_beyond_forward_backward_on_the_chain():
     assert ms["adam"]["aten_ops_over_fwd_bwd"] > 0
     assert ms["vadam"]["host_syncs"] == 1 and ms["vadam-device"]["host_syncs"] == 0
     assert 0 < ms["vadam"]["aten_ops_over_fwd_bwd"] < ms["adam"]["aten_ops_over_fwd_bwd"]  # flat buffers
-    assert ms["fwd_bwd"]["median"] < ms["adam"]["median"]
     assert ms["adam"]["seconds_over_fwd_bwd"] == ms["adam"]["seconds"] - ms["fwd_bwd"]["seconds"]
 
 

@@ -68,3 +68,54 @@ def test_a_failed_factorisation_falls_back_alone():
     )
     # the fallback's inverse is still the damped inverse of the PSD part (eigenvalues clamped at 0): 1/c
     assert torch.allclose(roots_and_inverse(factorisations[1], False)[1], torch.eye(5).expand(2, 5, 5) / 0.2)
+
+
+def _closure(opt, model, x, y):
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        opt.backward(loss, out)
+        return loss
+
+    return closure
+
+
+@pytest.mark.parametrize("cls", [KFAC, ngvi.NoisyKFAC], ids=lambda c: c.__name__)
+def test_on_the_device_path_only_the_inversions_read(cls):
+    """finite_check="device" (issue 30, item 1): no read between inversions, one at an inversion; and the
+    same trajectory as the host path, bitwise."""
+    runs = {}
+    for check in ("host", "device"):
+        model, x, y = chain()
+        opt = cls(model, data_size=100, inv_every=INV_EVERY, finite_check=check)
+        closure = _closure(opt, model, x, y)
+        opt.step(closure)
+        reads = []
+        for _ in range(2 * INV_EVERY):
+            with OpCounter() as counter:
+                opt.step(closure)
+            reads.append(counter.sync_count)
+        opt.check_finite()
+        runs[check] = ([p.detach().clone() for p in model.parameters()], reads)
+    inverting = [(k + 1) % INV_EVERY == 0 for k in range(2 * INV_EVERY)]
+    assert runs["device"][1] == [int(i) for i in inverting]
+    assert all(torch.equal(a, b) for a, b in zip(runs["host"][0], runs["device"][0], strict=True))
+
+
+@pytest.mark.parametrize("cls", [KFAC, ngvi.NoisyKFAC], ids=lambda c: c.__name__)
+def test_a_nan_step_on_the_device_path_changes_no_weight_and_no_factor(cls):
+    """The masked update replaces the factors, the inverses and the heavy-ball buffer with new tensors:
+    each is selected back to its old value, and the error comes at the next check."""
+    model, x, y = chain()
+    opt = cls(model, data_size=100, inv_every=1, finite_check="device")  # an inversion at every step
+    opt.step(_closure(opt, model, x, y))
+    before = [p.detach().clone() for p in model.parameters()]
+    state = {id(st): {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for st in opt.state.values()}
+    opt.step(_closure(opt, model, x, torch.full_like(y, float("nan"))))
+    with pytest.raises(ngvi.NonFiniteGradientError, match="masked on the device"):
+        opt.check_finite()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    for st in opt.state.values():
+        for k, v in state[id(st)].items():
+            assert torch.equal(st[k], v), k

@@ -77,7 +77,9 @@ class KroneckerFamily(VariationalOptimizer):
 
     takes_model = True
     curvatures = ("ef", "fisher")  # the factors from the closure's or sampled targets
-    maskable_update = False  # its inversions read values back: the host decides non-finite steps
+    #: the update replaces the factors, inverses and heavy-ball buffer in the state, which the device path
+    #: masks (:mod:`.engine.device_check`); its inversions read one value back, no other step does
+    maskable_update = True
 
     def __init__(
         self,
@@ -276,7 +278,10 @@ class KroneckerFamily(VariationalOptimizer):
                 weight = self._factor_step(group, count)  # (12), over the step's own Â, Ŝ (then discarded)
                 a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, weight, into_hats=True)
                 new.update(factor_A=a, factor_S=s, factor_updates=count)
-            layers.append((i, ks, st, new, self._factorisations(group, a, s) if invert else []))
+            # a step the device path masks may hold NaN factors: factorise finite ones (the identity on a
+            # step that is kept), so the inversion cannot fail before the mask selects the old state back
+            finite = [torch.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0) for f in (a, s)] if invert else []
+            layers.append((i, ks, st, new, self._factorisations(group, *finite) if invert else []))
         ok = all_succeeded([f for *_, factorisations in layers for f in factorisations]) if invert else None
         pending = []  # computed for every layer first, committed after: an error leaves the state as it was
         for i, ks, st, new, factorisations in layers:

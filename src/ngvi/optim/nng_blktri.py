@@ -63,6 +63,9 @@ class NNGBlkTri(KroneckerFamily):
     layers. Arguments and defaults as for :class:`~ngvi.NoisyKFAC` (without ``sampling``: the layers are
     drawn jointly)."""
 
+    #: its own update (the joint posterior's factorisations) is not reviewed for the device path's mask
+    maskable_update = False
+
     def __init__(
         self,
         model: nn.Module,

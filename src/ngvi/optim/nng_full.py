@@ -60,6 +60,9 @@ class NNGFull(KroneckerFamily):
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
     """
 
+    #: its own update (the joint posterior's factorisations) is not reviewed for the device path's mask
+    maskable_update = False
+
     def __init__(
         self,
         model: nn.Module,

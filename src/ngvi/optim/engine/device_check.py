@@ -23,8 +23,9 @@ The engine has two paths for a step whose ĝ, ĥ or loss holds a NaN or Inf, pic
       Steps queued after it (on CUDA the host may be a few steps ahead) were applied as usual.
 
     Unlike the host path, a masked step still counts in the step counters (the clock of the bias
-    corrections and of ``num_steps``) and its noise is not drawn again: the host learns of it too late to
-    roll either back.
+    corrections and of ``num_steps``, and the K-FAC family's count of factor updates) and its noise is not
+    drawn again: the host learns of it too late to roll either back. A rule that replaces a state entry
+    with a new tensor (the K-FAC family's factors and inverses) gets ``where(bad, old, new)`` in its place.
 
 Why ``"host"`` stays the default on a GPU too (docs/results/bench/gpu/, H200, the 91M-weight LM): today's
 step is host-bound (about 1,650 tensor allocations and 1,000 kernel launches per IVON step, the host
@@ -88,25 +89,37 @@ def agreed(bad: Tensor) -> Tensor:
 
 @contextlib.contextmanager
 @torch.no_grad()
-def masked(written: list[Tensor], bad: Tensor) -> Iterator[None]:
+def masked(written: list[Tensor], bad: Tensor, states: list[dict[str, Any]] = ()) -> Iterator[None]:
     """Run the block's in-place writes to ``written`` only where ``bad`` (a 0-dim bool) is False.
 
     Per (device, dtype), the tensors are snapshot into one flat buffer before the block and afterwards
     copied back from ``where(bad, snapshot, now)``: a constant number of kernels per dtype, and bitwise the
-    block's own result when ``bad`` is False (``where`` selects, it computes nothing)."""
+    block's own result when ``bad`` is False (``where`` selects, it computes nothing). A tensor entry of
+    ``states`` that the block replaces becomes ``where(bad, old, new)`` (a new entry: ``where(bad, 0, new)``),
+    the old tensor being untouched by a rule that replaces it."""
     parts: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for t in dict.fromkeys(written):  # a tensor listed twice (μ and the parameter) is kept once
         parts.setdefault((t.device, t.dtype), []).append(t)
     before = {key: torch.cat([t.reshape(-1) for t in ts]) for key, ts in parts.items()}
+    entries = [(st, {k: v for k, v in st.items() if isinstance(v, Tensor)}) for st in states]
     try:
         yield
     except BaseException:  # an update that raised part-way: everything as before it
         for key, ts in parts.items():
             _copy_back(ts, before[key])
+        for st, old in entries:
+            for k in [k for k, v in st.items() if isinstance(v, Tensor) and k not in old]:
+                del st[k]
+            st.update(old)
         raise
     for (device, dtype), ts in parts.items():
         after = torch.cat([t.reshape(-1) for t in ts])
         _copy_back(ts, torch.where(bad.to(device, non_blocking=True), before[device, dtype], after))
+    for st, old in entries:
+        for k, new in st.items():
+            if isinstance(new, Tensor) and old.get(k) is not new:
+                kept = old[k] if k in old else torch.zeros_like(new)
+                st[k] = torch.where(bad.to(new.device, non_blocking=True), kept, new)
 
 
 def _copy_back(tensors: list[Tensor], flat: Tensor) -> None:

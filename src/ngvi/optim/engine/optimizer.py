@@ -90,8 +90,8 @@ class VariationalOptimizer(Optimizer):
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
-    #: ``_update`` writes only μ and the tensors in the parameters' state, so ``finite_check="device"`` can
-    #: mask it (:mod:`.device_check`); False where the step reads values back anyway (K-FAC's inversions)
+    #: ``_update`` writes only μ and the tensors in the parameters' state (in place or by replacing them), so
+    #: ``finite_check="device"`` can mask it (:mod:`.device_check`)
     maskable_update: bool = True
 
     @classmethod
@@ -544,7 +544,7 @@ class VariationalOptimizer(Optimizer):
                     with (
                         contextlib.nullcontext()
                         if bad is None
-                        else masked(_written(s.params[part], means, states[part]), bad)
+                        else masked(_written(s.params[part], means, states[part]), bad, states[part])
                     ):
                         self._update(s.group, means, grads, curvs, states[part])
                         mixed_precision.write_back(self, s.params[part])

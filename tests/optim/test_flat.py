@@ -322,3 +322,29 @@ def test_non_contiguous_and_expanded_gradients_are_gathered_as_the_per_tensor_pa
         runs.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+
+
+def test_p_grad_after_a_step_and_zeroing_in_place_in_the_next_closure_are_as_per_tensor(injected_noise):
+    """After ``step(closure)`` each ``p.grad`` views the bucket's copy of ĝ (not held twice): the same values
+    as the per-tensor path's ``p.grad``; the next draw detaches them, so a closure that zeroes in place
+    (``zero_grad(set_to_none=False)``) cannot write into the sample."""
+    runs = []
+    for flat in (False, True):
+        injected_noise()
+        model = mlp()
+        opt = ngvi.IVON(model.parameters(), data_size=64, seed=0, flat=flat)
+        x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
+
+        def closure(model=model, opt=opt, x=x, y=y):
+            opt.zero_grad(set_to_none=False)
+            loss = (model(x) - y).square().mean()
+            loss.backward()
+            return loss
+
+        grads = []
+        for _ in range(3):
+            opt.step(closure)
+            grads += [p.grad.clone() for p in model.parameters()]
+        runs.append(grads + [p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)

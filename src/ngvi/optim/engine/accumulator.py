@@ -66,7 +66,7 @@ class SampleAccumulator:
                 continue
             if any(p.grad.is_sparse for p in params):
                 raise RuntimeError(f"{type(opt).__name__} does not support sparse gradients")
-            if self._add_flat(opt, group, params):
+            if self._add_flat(opt, group, params, keep_grad_refs):
                 continue
             states = [opt.state_of(group, p) for p in params]
             grads = TensorList(mixed_precision.upcast(opt, p, p.grad.detach()) for p in params)
@@ -85,39 +85,19 @@ class SampleAccumulator:
                     _add(self.curvs, p, mixed_precision.upcast(opt, p, curvs[i]), keep_ref=True)
         self.count += 1
 
-    def _add_flat(self, opt: Any, group: dict[str, Any], params: list[Tensor]) -> bool:
+    def _add_flat(self, opt: Any, group: dict[str, Any], params: list[Tensor], keep_grad_refs: bool) -> bool:
         """The sample of a group whose parameters all have a gradient, into its buckets' flat sums (True),
-        or False for the per-tensor path."""
+        or False for the per-tensor path. With ``keep_grad_refs`` (one sample, the closure form: the step
+        follows at once) ``p.grad`` then views the flat copy, so ĝ is not held twice."""
         trainable = opt.trainable(group)
         if not flat.enabled(opt) or len(params) != len(trainable) or any(p in self.grads for p in params):
             return False
         buckets = flat.buckets_of(opt, group, params, [opt.state_of(group, p) for p in params])
         if buckets is None:
             return False
-        est = opt.curvature_estimator
         for b in buckets:
-
-            def estimate(grads: Tensor, b: flat.Bucket = b) -> Tensor | None:
-                if est is None:
-                    return None
-                noise = TensorList([opt.noise_source.buffer(b.param_flat)]) if opt.needs_noise else None
-                kept = opt._sqrt_prec.get(b.param_flat)
-                sample = CurvatureInput(
-                    group,
-                    b.params,
-                    TensorList([grads]),
-                    noise,
-                    [b.state],
-                    (lambda: TensorList([kept])) if kept is not None else lambda: _sqrt(opt, group, b),
-                    opt.noise_source.generator,
-                    opt.num_steps,
-                )
-                with torch.no_grad():
-                    curv = est.estimate(sample)[0]
-                return curv if curv.dtype == b.mu.dtype else curv.to(b.mu.dtype)
-
             first = all(b is not pending for _, pending in self.buckets)
-            flat.add_sample(b, first, estimate)
+            flat.add_sample(b, first, _bucket_estimator(opt, group, b), rebind_grads=keep_grad_refs)
             if first:
                 self.buckets.append((group, b))
         return True
@@ -214,8 +194,36 @@ def _sqrt_precision(opt: Any, group: dict[str, Any], params: list[Tensor], state
     return lambda: opt._precision(group, states).sqrt_()
 
 
-def _sqrt(opt: Any, group: dict[str, Any], b: flat.Bucket) -> TensorList:
-    return opt._precision(group, [b.state]).sqrt_()
+def _bucket_estimator(opt: Any, group: dict[str, Any], b: flat.Bucket) -> Any:
+    """ĥ of a bucket's flat sample ĝ from ``opt``'s (element-wise) estimator, or None without one: ε and
+    √precision as the draw kept them (else computed from the bucket's state)."""
+    est = opt.curvature_estimator
+
+    def estimate(grads: Tensor) -> Tensor | None:
+        if est is None:
+            return None
+        noise = TensorList([opt.noise_source.buffer(b.param_flat)]) if opt.needs_noise else None
+        kept = opt._sqrt_prec.get(b.param_flat)
+        sqrt_prec = (
+            (lambda: TensorList([kept]))
+            if kept is not None
+            else lambda: opt._precision(group, [b.state]).sqrt_()
+        )
+        sample = CurvatureInput(
+            group,
+            b.params,
+            TensorList([grads]),
+            noise,
+            [b.state],
+            sqrt_prec,
+            opt.noise_source.generator,
+            opt.num_steps,
+        )
+        with torch.no_grad():
+            curv = est.estimate(sample)[0]
+        return curv if curv.dtype == b.mu.dtype else curv.to(b.mu.dtype)
+
+    return estimate
 
 
 def _add(acc: dict[Tensor, Tensor], p: Tensor, value: Tensor, keep_ref: bool) -> None:

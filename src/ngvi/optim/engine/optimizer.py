@@ -281,11 +281,11 @@ class VariationalOptimizer(Optimizer):
             )
         self.check_finite()  # a checkpoint never holds a step the device flagged but nobody read
         out = super().state_dict()
-        out["state"] = {k: v for k, v in out["state"].items() if v}  # a look-up may leave an empty entry
         params = [p for group in self.param_groups for p in group["params"]]
-        out["state"] = {  # FSDP2's shards: their state as DTensors (:mod:`.sharded`)
+        out["state"] = {  # a look-up may leave an empty entry; FSDP2's shards: DTensors (:mod:`.sharded`)
             k: sharded.as_dtensors(params[k], v) if sharded.is_sharded(params[k]) else v
             for k, v in out["state"].items()
+            if v
         }
         return {**out, "ngvi": state_checks.engine_state(self)}
 
@@ -441,7 +441,7 @@ class VariationalOptimizer(Optimizer):
         for b in self._in_place:
             flat.restore(b)
         self._in_place.clear()
-        self._means.clear()  # θ's tensors are freed: the update's temporaries can use the memory
+        self._means.clear()  # per tensor, θ's tensors are freed: the update's temporaries can use the memory
         self._thetas.clear()
         self._bound = {}
 

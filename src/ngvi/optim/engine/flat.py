@@ -19,8 +19,9 @@ state entry is bound to, and the scalars): a parameter rebound since (``model.to
 state replaced (``load_state_dict``, ``opt.state.clear()``) or parameters that no longer step together
 (one without a gradient) rebuild it or fall back to the per-tensor path, never silently use stale buffers.
 Memory: θ's buffer is kept between steps (the per-tensor path allocated θ at each draw); once μ is
-restored it holds the sample's ĝ, copied from ``p.grad`` with one multi-tensor op, so a step holds one
-parameter-sized tensor more than the per-tensor path, which summed into ``p.grad``'s own tensors.
+restored it holds the sample's ĝ, copied from ``p.grad`` with one multi-tensor op, and after a closure
+step each ``p.grad`` views that copy (the next draw sets it to None before writing θ there), so ĝ is not
+held twice; with the chunked passes the peak is below the per-tensor path's for most rules.
 :func:`enabled` is the one place that chooses the path.
 """
 

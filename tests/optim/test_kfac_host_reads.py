@@ -35,12 +35,10 @@ def _closure(opt, model, x, y):
     return closure
 
 
-# NNGBlkTri is left out: its chain's generalised eigenproblems (torch.linalg.cholesky and eigh, which have
-# no *_ex form for eigh) check their own errors, about 4 reads per layer and damping at an inversion
-@pytest.mark.parametrize("cls", [KFAC, ngvi.NoisyKFAC], ids=lambda c: c.__name__)
-def test_one_read_per_inversion_and_one_finiteness_check_per_step(cls):
+def _reads_per_step(cls, **options):
+    """(model, optimizer, host reads of each of 2·INV_EVERY steps after a first one) on the chain."""
     model, x, y = chain()
-    opt = cls(model, data_size=100, inv_every=INV_EVERY)
+    opt = cls(model, data_size=100, inv_every=INV_EVERY, **options)
     closure = _closure(opt, model, x, y)
     opt.step(closure)
     reads = []
@@ -48,6 +46,14 @@ def test_one_read_per_inversion_and_one_finiteness_check_per_step(cls):
         with OpCounter() as counter:
             opt.step(closure)
         reads.append(counter.sync_count)
+    return model, opt, reads
+
+
+# NNGBlkTri is left out: its chain's generalised eigenproblems (torch.linalg.cholesky and eigh, which have
+# no *_ex form for eigh) check their own errors, about 4 reads per layer and damping at an inversion
+@pytest.mark.parametrize("cls", [KFAC, ngvi.NoisyKFAC], ids=lambda c: c.__name__)
+def test_one_read_per_inversion_and_one_finiteness_check_per_step(cls):
+    _, _, reads = _reads_per_step(cls)
     inverting = [(k + 1) % INV_EVERY == 0 for k in range(len(reads))]
     # the host path's finiteness check, plus at most one read when the factors are inverted
     assert reads == [1 + i for i in inverting]
@@ -80,15 +86,7 @@ def test_on_the_device_path_only_the_inversions_read(cls):
     same trajectory as the host path, bitwise."""
     runs = {}
     for check in ("host", "device"):
-        model, x, y = chain()
-        opt = cls(model, data_size=100, inv_every=INV_EVERY, finite_check=check)
-        closure = _closure(opt, model, x, y)
-        opt.step(closure)
-        reads = []
-        for _ in range(2 * INV_EVERY):
-            with OpCounter() as counter:
-                opt.step(closure)
-            reads.append(counter.sync_count)
+        model, opt, reads = _reads_per_step(cls, finite_check=check)
         opt.check_finite()
         runs[check] = ([p.detach().clone() for p in model.parameters()], reads)
     inverting = [(k + 1) % INV_EVERY == 0 for k in range(2 * INV_EVERY)]

@@ -199,11 +199,17 @@ def no_dtensor(owner: str, params: list[Any], group_index: int, names: dict[int,
             )
 
 
+_DTENSOR: list[type] = []  # the class once found (the engine asks per parameter per step)
+
+
 def _dtensor_class() -> type | None:
     """torch's DTensor class if its module is loaded (no DTensor can exist otherwise): nothing is imported,
     so this costs nothing where torch.distributed is unused or unavailable."""
+    if _DTENSOR:
+        return _DTENSOR[0]
     for module in ("torch.distributed.tensor._api", "torch.distributed._tensor.api"):
         cls = getattr(sys.modules.get(module), "DTensor", None)
         if isinstance(cls, type):
+            _DTENSOR.append(cls)
             return cls
     return None

@@ -14,7 +14,7 @@ import torch
 
 import ngvi
 from host_reads import OpCounter
-from ngvi.optim.engine.device_check import masked, nonfinite_flags
+from ngvi.optim.engine.device_check import FEW, masked, nonfinite_flags, use_device_check
 from ngvi.optim.kronecker import KroneckerFamily
 from optimizer_db import TRAINERS, assert_same, params_of, trainers
 
@@ -182,6 +182,7 @@ def test_reading_the_optimizer_waits_for_the_flags(where):
 def test_host_is_the_default_and_the_joint_posteriors_stay_on_the_host():
     model, x, y = problem()
     opt = ngvi.Vadam(model.parameters(), data_size=50)
+    assert opt.finite_check == "auto" and not use_device_check(opt)  # "auto" on the CPU is the host path
     with pytest.raises(ngvi.NonFiniteGradientError, match="unchanged"):  # the host path's message, at once
         opt.step(nan_closure(opt, model, x, y, poison=True))
     with pytest.raises(ValueError, match="finite_check='host'"):
@@ -213,6 +214,31 @@ def test_flags_and_mask():
         with masked([u, v, u], torch.tensor(bad)):
             u.mul_(2).add_(1), v.mul_(2).add_(1)
         assert_same((u, v), expect)
+
+
+@pytest.mark.parametrize("count", [2, FEW + 3])
+def test_the_mask_selects_in_place_or_gathered_bitwise(count):
+    """A few tensors (the flat buffers) are selected in place, many gathered and scattered: both give the
+    block's result when the step is good and the snapshot when bad, bitwise, non-contiguous tensors too."""
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3).t() if i % 2 else torch.randn(7) for i in range(count)]
+    for bad in (False, True):
+        ts = [t.clone() if t.is_contiguous() else t.clone().t().t() for t in start]
+        with masked(ts, torch.tensor(bad)):
+            for t in ts:
+                t.mul_(3).sub_(0.5)
+        assert_same(ts, start if bad else [t * 3 - 0.5 for t in start])
+
+
+def test_auto_masks_on_an_accelerator_except_the_kfac_family():
+    """``finite_check="auto"`` decides by where the parameters are: the device path off the CPU (a meta
+    tensor stands in for a GPU's here), the host path on it and for the K-FAC family, whose mask cost more
+    than the read on an H200 (docs/results/bench/gpu)."""
+    on_gpu = torch.nn.Parameter(torch.zeros(3, device="meta"))
+    assert use_device_check(ngvi.IVON([on_gpu], data_size=10))
+    assert not use_device_check(ngvi.IVON([on_gpu], data_size=10, finite_check="host"))
+    assert not use_device_check(ngvi.IVON([torch.nn.Parameter(torch.zeros(3))], data_size=10))
+    assert not KroneckerFamily.device_check_by_default and ngvi.NNGFull.maskable_update is False
 
 
 def test_an_update_that_raises_part_way_leaves_everything_as_it_was():

@@ -3,7 +3,12 @@ r"""Non-finite steps decided on the device: the finiteness contract without a ho
 The engine has two paths for a step whose ĝ, ĥ or loss holds a NaN or Inf, picked in one place
 (:func:`use_device_check`, from ``finite_check=``):
 
-``"host"`` (the default)
+``"auto"`` (the default)
+    ``"device"`` where the parameters are on an accelerator, ``"host"`` on the CPU (where a read costs
+    nothing and the golden trajectories are pinned) and for the K-FAC family, whose mask (a select of every
+    factor and inverse it replaces) cost more than the read on an H200 (docs/results/bench/gpu).
+
+``"host"``
     One value is read back at the step: a bad step is refused before the update runs (``skip_nonfinite``:
     skipped and counted; otherwise ``NonFiniteGradientError``), with the noise and the step count rolled
     back. On the CPU a read costs nothing, and this is the path the golden trajectories pin.
@@ -27,13 +32,12 @@ The engine has two paths for a step whose ĝ, ĥ or loss holds a NaN or Inf, pic
     drawn again: the host learns of it too late to roll either back. A rule that replaces a state entry
     with a new tensor (the K-FAC family's factors and inverses) gets ``where(bad, old, new)`` in its place.
 
-Why ``"host"`` stays the default on a GPU too (docs/results/bench/gpu/, H200, the 91M-weight LM): today's
-step is host-bound (about 1,650 tensor allocations and 1,000 kernel launches per IVON step, the host
-running behind the GPU), so the one read it saves buys nothing (without its mask the device path took the
-host path's time), while the eager mask (a snapshot and a select of every tensor the update writes, about
-36 bytes per weight per tensor) made Vadam and IVON 1.59–1.62× AdamW against 1.34–1.45×. The device path
-pays once the update is fused (the select inside the kernel that writes the state is free); until then it
-is opt-in, and tested on the CPU to be bitwise the host path.
+Measured on an H200 (docs/results/bench/gpu/, the 91M-weight LM): with the flat buffers (:mod:`.flat`) the
+mask is a few kernels per flat state tensor, and the device path was the faster one for the rules that
+draw (IVON 1.08× AdamW against 1.14× with the read, Vadam 1.13× against 1.27×; BAdam and noisy Adam 0.09×
+slower). The select has run in place since (20 bytes moved per element, not 36; not timed on a GPU yet).
+Before the buffers the eager mask over 150 tensors cost more than the read (IVON 1.62× against 1.45×),
+and the host path was the default everywhere.
 """
 
 from __future__ import annotations
@@ -51,12 +55,16 @@ from ... import distributed as dist_util
 __all__ = ["CHECKS", "PendingChecks", "masked", "nonfinite_flags", "use_device_check"]
 
 #: the values of ``finite_check=``
-CHECKS = ("host", "device")
+CHECKS = ("auto", "host", "device")
 
 
 def use_device_check(opt: Any) -> bool:
-    """Whether ``opt`` decides non-finite steps on the device (``finite_check="device"``, which only rules
-    whose update can be masked accept)."""
+    """Whether ``opt`` decides non-finite steps on the device: ``finite_check="device"`` (which only rules
+    whose update can be masked accept), or ``"auto"`` (the default) for such a rule whose parameters are on
+    an accelerator, unless its mask costs more than the read it saves (``device_check_by_default``)."""
+    if opt.finite_check == "auto":
+        first = opt.param_groups[0]["params"][0]
+        return opt.maskable_update and opt.device_check_by_default and first.device.type != "cpu"
     return opt.finite_check == "device"
 
 
@@ -87,14 +95,20 @@ def agreed(bad: Tensor) -> Tensor:
     return flag.bool()
 
 
+#: up to this many tensors of a dtype (the flat buffers), each is selected back in place: 20 bytes per
+#: element moved, not the 36 of a gather into one buffer, a select and a scatter back (one kernel each)
+FEW = 8
+
+
 @contextlib.contextmanager
 @torch.no_grad()
 def masked(written: list[Tensor], bad: Tensor, states: list[dict[str, Any]] = ()) -> Iterator[None]:
     """Run the block's in-place writes to ``written`` only where ``bad`` (a 0-dim bool) is False.
 
     Per (device, dtype), the tensors are snapshot into one flat buffer before the block and afterwards
-    copied back from ``where(bad, snapshot, now)``: a constant number of kernels per dtype, and bitwise the
-    block's own result when ``bad`` is False (``where`` selects, it computes nothing). A tensor entry of
+    set to ``where(bad, snapshot, now)``: in place for a few tensors (:data:`FEW`), else gathered, selected
+    and scattered back (a constant number of kernels per dtype); bitwise the block's own result when
+    ``bad`` is False (``where`` selects, it computes nothing). A tensor entry of
     ``states`` that the block replaces becomes ``where(bad, old, new)`` (a new entry: ``where(bad, 0, new)``),
     the old tensor being untouched by a rule that replaces it."""
     parts: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
@@ -113,8 +127,13 @@ def masked(written: list[Tensor], bad: Tensor, states: list[dict[str, Any]] = ()
             st.update(old)
         raise
     for (device, dtype), ts in parts.items():
+        flag = bad.to(device, non_blocking=True)
+        if len(ts) <= FEW:  # the flat buffers: select in place (a where reading and writing the same element)
+            for t, old in zip(ts, before[device, dtype].split([t.numel() for t in ts]), strict=True):
+                torch.where(flag, old.view(t.shape), t, out=t)
+            continue
         after = torch.cat([t.reshape(-1) for t in ts])
-        _copy_back(ts, torch.where(bad.to(device, non_blocking=True), before[device, dtype], after))
+        _copy_back(ts, torch.where(flag, before[device, dtype], after))
     for st, old in entries:
         for k, new in st.items():
             if isinstance(new, Tensor) and old.get(k) is not new:

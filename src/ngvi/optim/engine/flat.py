@@ -28,6 +28,7 @@ held twice; with the chunked passes the peak is below the per-tensor path's for 
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,7 @@ class Bucket:
             self.mu = self.flat["master"] if self.promoted else self.param_flat
             self.theta = torch.empty_like(self.param_flat)
             self.theta_views = _views(self.theta, self.locals)
+        self.bound = self._binding(params)  # what `current` compares, per parameter
         self.grad: Tensor | None = None  # Σĝ while a step is pending (θ's buffer after the first sample)
         self.grads_bound = False  # the parameters' .grad view θ's buffer (add_sample's rebind_grads)
         self.curv: Tensor | None = None  # Σĥ while a step is pending
@@ -142,27 +144,26 @@ class Bucket:
                     return False
         return True
 
+    def _binding(self, params: list[Tensor]) -> list[tuple[int, torch.Size, torch.dtype]]:
+        """(address, shape, dtype) of the tensor each parameter (its shard) is bound to."""
+        tensors = [sharded.local(p) for p in params] if self.sharded else params
+        return [(t.data_ptr(), t.shape, t.dtype) for t in tensors]
+
     def current(self, params: list[Tensor], states: list[dict[str, Any]]) -> bool:
         """Still what was built: the same parameters bound to their views, the same state entries, and
-        scalars that agree (metadata only: nothing is read from the device)."""
-        if len(params) != len(self.params) or any(
-            p is not q for p, q in zip(params, self.params, strict=True)
-        ):
+        scalars that agree (metadata only: nothing is read from the device). Asked twice a step, so written
+        as whole-list comparisons: per parameter it is the host's largest cost in a step."""
+        if len(params) != len(self.params) or not all(map(operator.is_, params, self.params)):
             return False
-        bound = self.locals if self.sharded else self.param_views
-        for p, view in zip(params, bound, strict=True):
-            p = sharded.local(p)
-            if p.data_ptr() != view.data_ptr() or p.shape != view.shape or p.dtype != view.dtype:
-                return False
+        if self._binding(params) != self.bound:
+            return False
         n_keys = len(self.flat) + len(self.scalars)
-        for i, (st, own) in enumerate(zip(states, self.states, strict=True)):
-            if st is not own or len(st) != n_keys:
+        if not all(map(operator.is_, states, self.states)) or any(len(st) != n_keys for st in states):
+            return False
+        for key, views in self.views.items():
+            if not all(map(operator.is_, [st.get(key) for st in states], views)):
                 return False
-            if any(st.get(k) is not views[i] for k, views in self.views.items()):
-                return False
-            if any(st.get(k) != self.state[k] for k in self.scalars):
-                return False
-        return True
+        return all(st.get(k) == self.state[k] for k in self.scalars for st in states)
 
     def sync_state(self) -> None:
         """The scalars of the rule's state (the step, a decayed weight) into every parameter's state, and a
@@ -331,10 +332,10 @@ def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: C
     if b.sharded:  # θ into the shards, which FSDP2 gathers; μ is written back at the restore
         torch._foreach_copy_(b.locals, b.theta_views)
         opt._in_place.append(b)
-    for p, mean, theta in zip(b.params, b.param_views, b.theta_views, strict=True):
-        opt._means[p] = mean
-        if not b.sharded:
-            opt._thetas[p] = theta
+    opt._means.update(zip(b.params, b.param_views, strict=True))
+    if not b.sharded:
+        opt._thetas.update(zip(b.params, b.theta_views, strict=True))
+        for p, theta in zip(b.params, b.theta_views, strict=True):
             p.data = theta
 
 

@@ -69,9 +69,10 @@ class VariationalOptimizer(Optimizer):
         rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
         compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).
         fp32_state: float32 state and master μ for bfloat16/float16 parameters (:mod:`.mixed_precision`).
-        finite_check: where a non-finite step is decided: ``"host"`` (default: one value read back per
-            step) or ``"device"`` (no read: the update is masked on the device and the error comes at the
-            next step or ``check_finite()``); :mod:`.device_check` gives the semantics and the costs.
+        finite_check: where a non-finite step is decided: ``"host"`` (one value read back per step),
+            ``"device"`` (no read: the update is masked on the device and the error comes at the next step
+            or ``check_finite()``) or ``"auto"`` (default: ``"device"`` on an accelerator, ``"host"`` on
+            the CPU and for the K-FAC family); :mod:`.device_check` gives the semantics and the costs.
         flat: ``None`` (default) or True: element-wise rules keep μ, θ, the state and the sums of each
             parameter group in flat buffers, one kernel per pass (:mod:`.flat`); False: one tensor per
             parameter (the reference path, as torch.optim's ``foreach=False``).
@@ -93,6 +94,8 @@ class VariationalOptimizer(Optimizer):
     #: ``_update`` writes only μ and the tensors in the parameters' state (in place or by replacing them), so
     #: ``finite_check="device"`` can mask it (:mod:`.device_check`)
     maskable_update: bool = True
+    #: whether ``finite_check="auto"`` masks on an accelerator (False where the mask costs more than a read)
+    device_check_by_default: bool = True
 
     @classmethod
     def builds_from_model(cls, **options: Any) -> bool:
@@ -141,7 +144,7 @@ class VariationalOptimizer(Optimizer):
         rank_noise: str = "shared",
         compile: bool = False,
         fp32_state: bool = True,
-        finite_check: str = "host",
+        finite_check: str = "auto",
         flat: bool | None = None,
     ):
         self.flat = None if flat is None else check.boolean("flat", flat)

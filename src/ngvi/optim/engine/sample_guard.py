@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ... import _validation
 from .sharded import is_sharded
 
 Bound = dict[Tensor, tuple[Tensor, int]]
@@ -31,7 +32,8 @@ def bound(means: dict[Tensor, Tensor], thetas: dict[Tensor, Tensor]) -> Bound:
     """What each sampled parameter (a key of ``means``) holds right after the draw: θ's tensor (from
     ``thetas`` where the draw kept it) and the parameter's version counter. FSDP2's shards, which hold θ
     in place, are not guarded."""
-    return {p: (thetas[p] if p in thetas else p.detach(), p._version) for p in means if not is_sharded(p)}
+    guarded = [p for p in means if not is_sharded(p)] if _validation._dtensor_class() else means
+    return {p: (thetas[p] if p in thetas else p.detach(), p._version) for p in guarded}
 
 
 def changes(bound_at_draw: Bound) -> list[tuple[Tensor, str]]:

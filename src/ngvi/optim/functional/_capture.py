@@ -40,9 +40,9 @@ def run_core(core: Callable[..., Any], *lists: Any, compile: bool = False, **hyp
     static, dynamic = {}, {}
     for k, v in hyper.items():
         if _is_number(v):
-            dynamic[k] = torch.tensor(float(v), dtype=torch.float64, device=device)
+            dynamic[k] = _scalar(v, device)
         elif isinstance(v, list | tuple) and v and all(_is_number(x) for x in v):
-            dynamic[k] = [torch.tensor(float(x), dtype=torch.float64, device=device) for x in v]
+            dynamic[k] = [_scalar(x, device) for x in v]
         else:
             static[k] = v
     key = (core, _structure(plain), tuple(sorted((k, _static_key(v)) for k, v in static.items())))
@@ -50,6 +50,14 @@ def run_core(core: Callable[..., Any], *lists: Any, compile: bool = False, **hyp
     if fn is None:
         fn = _COMPILED[key] = torch.compile(_fresh_copy(core), fullgraph=True, dynamic=False)
     return fn(*plain, **static, **dynamic)
+
+
+def _scalar(v: float, device: torch.device) -> Tensor:
+    """``v`` as a 0-dim float64 tensor on ``device``. On an accelerator it is copied asynchronously:
+    ``torch.tensor(v, device="cuda")`` would wait for the device's queue to drain (a host sync per
+    hyperparameter per step)."""
+    t = torch.tensor(float(v), dtype=torch.float64)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
 def _is_number(v: Any) -> bool:

@@ -4,9 +4,12 @@
 
 1. ``finite_check="device"``: no host synchronisation in steady steps (CUDA runtime calls counted with
    torch.profiler: cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize and device-to-host
-   copies), a NaN step masked (μ bitwise unchanged) and reported at the next step.
-2. The K-FAC family: host synchronisations per step between inversions and at an inversion.
-3. A posterior saved from CUDA and loaded back (the artefact of issue 32), and a deep ensemble's predict.
+   copies), eager and compiled (``compile=True``), a NaN step masked (μ bitwise unchanged) and reported
+   at the next step.
+2. The flat buffers on CUDA: fed the same ε (``noise="chunked"`` keys it by parameter on both paths), the
+   flat path's μ after 5 steps against the per-tensor path's (``flat=False``), largest difference printed.
+3. The K-FAC family: host synchronisations per step between inversions and at an inversion, either check.
+4. A posterior saved from CUDA and loaded back (the artefact of issue 32), and a deep ensemble's predict.
 """
 
 from __future__ import annotations
@@ -63,14 +66,39 @@ def main() -> None:
     device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")  # "cpu": a smoke run
     x, y = torch.randn(64, 32, device=device), torch.randn(64, 1, device=device)
     for name in ("IVON", "Vadam", "Vprop", "NoisyAdam", "BAdam"):
-        for check in ("host", "device"):
+        extra = [("device", True)] if name in ("IVON", "Vadam") else []  # compiling costs lent seconds
+        for check, compiled in [("host", False), ("device", False), *extra]:
             model = mlp(device)
-            opt = getattr(ngvi, name)(model.parameters(), data_size=1000, finite_check=check)
+            opt = getattr(ngvi, name)(
+                model.parameters(), data_size=1000, finite_check=check, compile=compiled
+            )
             closure = closure_for(opt, model, x, y)
             for _ in range(3):
                 opt.step(closure)
             torch.accelerator.synchronize() if device.type != "cpu" else None
-            print(f"{name:9s} finite_check={check:6s}: {syncs(opt, closure, 5):.1f} syncs/step")
+            label = f"finite_check={check}" + (", compiled" if compiled else "")
+            print(f"{name:9s} {label:26s}: {syncs(opt, closure, 5):.1f} syncs/step", flush=True)
+    for check in ("host", "device"):
+        model = mlp(device)
+        opt = ngvi.VOGN(model, data_size=1000, finite_check=check)
+        closure = closure_for(opt, model, x, y)
+        for _ in range(3):
+            opt.step(closure)
+        print(f"VOGN      finite_check={check:6s}: {syncs(opt, closure, 5):.1f} syncs/step", flush=True)
+
+    for name in ("IVON", "Vadam", "Vprop", "NoisyAdam", "BAdam", "VON", "VadaGrad"):
+        means = []
+        for flat in (True, False):
+            model = mlp(device)
+            opt = getattr(ngvi, name)(model.parameters(), data_size=1000, noise="chunked", flat=flat)
+            for _ in range(5):
+                opt.step(closure_for(opt, model, x, y))
+            means.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        diff = (means[0] - means[1]).abs().max().item()
+        print(
+            f"{name:9s} flat vs per-tensor on {device.type}, same ε, 5 steps: max |Δμ| = {diff:.3g}",
+            flush=True,
+        )
     model = mlp(device)
     opt = ngvi.IVON(model.parameters(), data_size=1000, finite_check="device")
     opt.step(closure_for(opt, model, x, y))
@@ -85,14 +113,19 @@ def main() -> None:
     print(f"NaN step on CUDA: μ unchanged = {masked}; next step: {raised}")
 
     for cls in (KFAC, ngvi.NoisyKFAC):
-        model = mlp(device)
-        opt = cls(model, data_size=1000, inv_every=5)
-        closure = closure_for(opt, model, x, y)
-        opt.step(closure)  # step 1 inverts; steps 2–5 do not, step 6 does
-        between = syncs(opt, closure, 4)
-        torch.accelerator.synchronize() if device.type != "cpu" else None
-        at = syncs(opt, closure, 1)
-        print(f"{cls.__name__}: {between:.1f} syncs/step between inversions, {at:.0f} at an inversion")
+        for check in ("host", "device"):
+            model = mlp(device)
+            opt = cls(model, data_size=1000, inv_every=5, finite_check=check)
+            closure = closure_for(opt, model, x, y)
+            opt.step(closure)  # step 1 inverts; steps 2–5 do not, step 6 does
+            between = syncs(opt, closure, 4)
+            torch.accelerator.synchronize() if device.type != "cpu" else None
+            at = syncs(opt, closure, 1)
+            print(
+                f"{cls.__name__} finite_check={check}: {between:.1f} syncs/step between inversions, "
+                f"{at:.0f} at an inversion",
+                flush=True,
+            )
 
     model = mlp(device)
     opt = ngvi.Vadam(model.parameters(), data_size=1000)

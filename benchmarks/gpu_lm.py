@@ -5,10 +5,11 @@ interleaved in rounds on one GPU, each on its own copy of the model, so every ra
 minutes apart on the same card; kernel launches per step come from torch.profiler, host reads per step from
 a TorchDispatchMode (``aten._local_scalar_dense`` and kin, reads of tensors on the GPU); both counters are
 the bench's (``ngvi.experiments.bench.counting``). Each ngvi rule runs with its defaults, twice:
-``finite_check="host"`` (the engine of 1b2beed: one value read back per step) and ``"device"`` (the new
-default on accelerators: nothing read back). ivon-opt runs where it imports (``pip install ivon-opt``).
+``finite_check="host"`` (one value read back per step) and ``"device"`` (nothing read back; what the
+default ``"auto"`` picks on a GPU for all but the K-FAC family). ivon-opt runs where it imports (``pip
+install ivon-opt``). ``benchmarks/gpu_run.sh`` runs it with the GPU checks and the FSDP2 example.
 
-    PYTHONPATH=src python benchmarks/gpu_lm.py --out docs/results/bench/gpu      # on a GPU, ~5 minutes
+    PYTHONPATH=src python benchmarks/gpu_lm.py --out docs/results/bench/gpu      # on a GPU, ~2 minutes
     PYTHONPATH=src python benchmarks/gpu_lm.py --small --device cpu --rounds 2    # a smoke run on the CPU
 """
 
@@ -32,8 +33,12 @@ from ngvi.experiments.bench.counting import OpCounter, kernel_launches
 from ngvi.experiments.bench.lm import FULL, SMALL, LanguageModel, lm_batch, lm_loss
 
 
-def methods(n: int) -> dict:
-    """label → (builder(model) → optimizer, kind): "torch" steps after backward, "ngvi" takes the closure."""
+def methods(n: int, compiled: bool) -> dict:
+    """label → (builder(model) → optimizer, kind): "torch" steps after backward, "ngvi" takes the closure.
+
+    Each element-wise rule runs on the flat buffers (the default) with either finiteness check; IVON and
+    Vadam also on the per-tensor path (``flat=False``, the engine before the buffers) for a before/after in
+    one run, and with ``compiled`` through ``torch.compile`` (device check: nothing read back)."""
     out = {
         "AdamW (fused)": (lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True), "torch"),
         "forward + backward": (None, "none"),
@@ -51,8 +56,28 @@ def methods(n: int) -> dict:
             lambda m, check=check: ngvi.VOGN(m, data_size=n, finite_check=check),
             "ngvi",
         )
-    out["K-FAC (host)"] = (lambda m: KFAC(m, data_size=n), "ngvi")
-    out["NoisyKFAC (host)"] = (lambda m: ngvi.NoisyKFAC(m, data_size=n), "ngvi")
+    for name in ("IVON", "Vadam"):
+        cls = getattr(ngvi, name)
+        out[f"{name} (host, per-tensor)"] = (
+            lambda m, cls=cls: cls([p for p in m.parameters() if p.requires_grad], data_size=n, flat=False),
+            "ngvi",
+        )
+        if compiled:
+            out[f"{name} (device, compiled)"] = (
+                lambda m, cls=cls: cls(
+                    [p for p in m.parameters() if p.requires_grad],
+                    data_size=n,
+                    finite_check="device",
+                    compile=True,
+                ),
+                "ngvi",
+            )
+    for check in ("host", "device"):
+        out[f"K-FAC ({check})"] = (lambda m, check=check: KFAC(m, data_size=n, finite_check=check), "ngvi")
+        out[f"NoisyKFAC ({check})"] = (
+            lambda m, check=check: ngvi.NoisyKFAC(m, data_size=n, finite_check=check),
+            "ngvi",
+        )
     try:
         import ivon
 
@@ -102,35 +127,7 @@ def make_step(kind, opt, model, x, y, device):
         opt.backward(loss, logits)
         return loss
 
-    if kind == "sliced":  # the engine's update and draw in quarter slices, as before 1b2beed's successor
-        return lambda: with_quarter_slices(lambda: opt.step(closure))
     return lambda: opt.step(closure)
-
-
-def with_quarter_slices(step):
-    """Run ``step`` with the elementwise rules' quarter slices on every device (the rule before this stop)."""
-    import ngvi.optim.engine.optimizer as engine
-    import ngvi.optim.engine.perturbation as perturbation
-
-    saved = perturbation.slices
-
-    def quarters(params, elementwise):
-        if not elementwise or len(params) < 2:
-            return [slice(0, len(params))]
-        budget = -(-sum(p.numel() for p in params) // 4)
-        out, start, size = [], 0, 0
-        for i, p in enumerate(params):
-            if size and size + p.numel() > budget:
-                out.append(slice(start, i))
-                start, size = i, 0
-            size += p.numel()
-        return [*out, slice(start, len(params))]
-
-    perturbation.slices = engine.slices = quarters
-    try:
-        return step()
-    finally:
-        perturbation.slices = engine.slices = saved
 
 
 def state_bytes(opt) -> int:
@@ -146,37 +143,35 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="the CPU's scaled-down model")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=8, help="steps per method per round")
-    ap.add_argument("--only", default="", help="comma-separated labels (default: all)")
+    ap.add_argument("--only", default="", help="labels separated by ';' (default: all)")
     ap.add_argument("--out", default="docs/results/bench/gpu")
     ap.add_argument("--no-mask", action="store_true", help="diagnostic: the device path without its mask")
     ap.add_argument("--top", default="", help="print the host-time profile of this label's step")
-    ap.add_argument(
-        "--sliced",
-        action="store_true",
-        help="also IVON and Vadam with the CPU's quarter slices (before/after)",
-    )
+    ap.add_argument("--compile", action="store_true", help="also IVON and Vadam with compile=True")
     args = ap.parse_args()
     if args.no_mask:  # what the mask costs (a bad step would then corrupt the state: a measurement only)
         import contextlib
 
         import ngvi.optim.engine.optimizer as engine
 
-        engine.masked = lambda written, bad: contextlib.nullcontext()
+        engine.masked = lambda *args, **kwargs: contextlib.nullcontext()
     device = torch.device(args.device)
     config = SMALL if args.small else FULL
     torch.manual_seed(0)
     base = LanguageModel(config).to(device)
     x, y = lm_batch(config, device)
-    table = methods(n=100_000)
+    table = methods(n=100_000, compiled=args.compile)
     if args.only:
-        table = {k: v for k, v in table.items() if k in args.only.split(",")}
-    if args.sliced:
-        for name in ("IVON", "Vadam"):
-            table[f"{name} (host, sliced)"] = (table[f"{name} (host)"][0], "sliced")
+        table = {k: v for k, v in table.items() if k in args.only.split(";")}
     runs, rows = {}, collections.OrderedDict()
+    failed = {}  # label → the error that stopped it (the others still run: one lent run, no second)
     for label, (build, kind) in table.items():
         model = copy.deepcopy(base)
-        opt = build(model) if build else None
+        try:
+            opt = build(model) if build else None
+        except Exception as err:
+            failed[label] = f"{type(err).__name__}: {err}"
+            continue
         runs[label] = (make_step(kind, opt, model, x, y, device), opt, model)
         print(f"built {label}", flush=True)
 
@@ -184,19 +179,34 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    first_s = {}  # the first step's seconds: a compiled rule's compile time
     for label, (step, _, _) in runs.items():  # warm-up (allocator, cuBLAS plans, the first diagnostics)
         t0 = time.perf_counter()
-        for _ in range(3):
+        try:
             step()
-        sync()
-        print(f"warm {label}: {time.perf_counter() - t0:.1f} s", flush=True)
-    times = collections.defaultdict(list)
+            sync()
+            first_s[label] = time.perf_counter() - t0
+            for _ in range(2):
+                step()
+            sync()
+        except Exception as err:
+            failed[label] = f"{type(err).__name__}: {err}"
+            print(f"FAILED {label}: {failed[label]}", flush=True)
+            continue
+        print(
+            f"warm {label}: first step {first_s[label]:.1f} s, {time.perf_counter() - t0:.1f} s", flush=True
+        )
+    for label in failed:
+        runs.pop(label, None)
+    times, host = collections.defaultdict(list), collections.defaultdict(list)
     for r in range(args.rounds):
         for label, (step, _, _) in runs.items():
             sync()
             t0 = time.perf_counter()
             for _ in range(args.steps):
+                t1 = time.perf_counter()
                 step()
+                host[label].append(1000 * (time.perf_counter() - t1))  # until the host returns
             sync()
             times[label].append(1000 * (time.perf_counter() - t0) / args.steps)
         print(f"round {r + 1}/{args.rounds}", flush=True)
@@ -205,21 +215,37 @@ def main() -> None:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     for label, (step, opt, _) in runs.items():
         reads = OpCounter()  # the reads of a value on the device: a sync each (on the CPU: every read)
+        sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            resident = torch.cuda.memory_allocated()
         with reads:
             step()
+        sync()
+        # what one step allocates beyond what was resident before it (gradients, θ, temporaries)
+        step_peak = (torch.cuda.max_memory_allocated() - resident) / 2**20 if device.type == "cuda" else None
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(2):
                 step()
             sync()
         launches = kernel_launches(prof) / 2
         if label == args.top:
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+            profile = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+            print(profile, flush=True)
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "profile.txt").write_text(
+                f"# {label}: 2 steps under torch.profiler\n{profile}\n"
+            )
         rows[label] = {
             "ms": statistics.median(times[label]),
             "ms_rounds": times[label],
+            # the host's time in step() (no sync): ≈ ms/step when the host, not the GPU, sets the pace
+            "host_ms": statistics.median(host[label]),
             "kernel_launches": launches,
             "host_reads": reads.reads[device.type],
             "state_MiB": state_bytes(opt) / 2**20,
+            "step_peak_MiB": step_peak,
+            "first_step_s": first_s[label],
         }
     ref = rows["AdamW (fused)"]["ms"]
     fb = rows["forward + backward"]["ms"]
@@ -234,21 +260,25 @@ def main() -> None:
         f"float32 parameters; median of {args.rounds} interleaved rounds of {args.steps} steps. Command: "
         f"`PYTHONPATH=src python benchmarks/gpu_lm.py {' '.join(sys.argv[1:])}`",
         "",
-        "| method | ms/step | × AdamW (fused) | ms over fwd+bwd | × ivon-opt | × K-FAC "
-        "| kernel launches/step | host reads/step | state MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | ms/step | × AdamW (fused) | ms over fwd+bwd | host ms/step | × ivon-opt | × K-FAC "
+        "| kernel launches/step | host reads/step | state MiB | step peak MiB | first step s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ratio(ms: float, ref_ms: float | None) -> str:
         return f"{ms / ref_ms:.2f}" if ref_ms else "–"
 
     for label, row in rows.items():
-        ms = row["ms"]
+        ms, peak = row["ms"], row["step_peak_MiB"]
         lines.append(
-            f"| {label} | {ms:.1f} | {ms / ref:.3f} | {ms - fb:.1f} | {ratio(ms, ivon_ref)} | "
+            f"| {label} | {ms:.1f} | {ms / ref:.3f} | {ms - fb:.1f} | {row['host_ms']:.1f} | "
+            f"{ratio(ms, ivon_ref)} | "
             f"{ratio(ms, kfac) if 'K-FAC' in label or 'KFAC' in label else '–'} | "
-            f"{row['kernel_launches']:.0f} | {row['host_reads']} | {row['state_MiB']:.0f} |"
+            f"{row['kernel_launches']:.0f} | {row['host_reads']} | {row['state_MiB']:.0f} | "
+            f"{'–' if peak is None else f'{peak:.0f}'} | "
+            f"{row['first_step_s']:.1f} |"
         )
+    lines += [f"\n{label} failed: {err}" for label, err in failed.items()]
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out)
@@ -262,7 +292,7 @@ def main() -> None:
     }
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "failed": failed}, indent=1))
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def slices(params: list[Tensor], elementwise: bool) -> list[slice]:
     ``elementwise`` rules on the CPU: their temporaries then never hold a full copy of the parameters.
     Elsewhere one slice: compiled cores make no full-size temporaries (and each slice would be one more
     graph call), and on an accelerator, as in torch.optim's foreach paths, each pass is a few kernels over
-    the whole group rather than four times as many (docs/results/bench/gpu/sliced)."""
+    the whole group rather than four times as many (docs/results/bench/gpu/pre-flat/sliced)."""
     if not elementwise or len(params) < 2 or params[0].device.type != "cpu":
         return [slice(0, len(params))]
     total = sum(p.numel() for p in params)

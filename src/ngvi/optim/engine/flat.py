@@ -231,6 +231,8 @@ def buckets_of(
     """The group's buckets, checked or rebuilt; None where the group takes the per-tensor path."""
     cache: dict[int, list[Bucket]] = opt._buckets
     found = cache.get(id(group))
+    if found is not None and len(found) == 1 and found[0].current(params, states):
+        return found  # the common case: its check covers the split (a move or a cast rebinds the tensors)
     parts = _by_device_and_dtype(params, states)
     if (
         found is not None

@@ -4,8 +4,9 @@
 #   bash benchmarks/gpu_run.sh                       # on the GPU machine, from the repository root, $OUT set
 #   LM_ONLY="AdamW (fused);IVON (device)" ROUNDS=9 bash benchmarks/gpu_run.sh     # a subset of the LM bench
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=src:/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+site=$(mktemp -d)
+export PYTHONUNBUFFERED=1 PYTHONPATH=src:$site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
 log=$OUT/log.txt
 part() { echo "=== $* ($(date +%T))" >>"$log"; }
 part env; { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

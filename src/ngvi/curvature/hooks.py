@@ -188,6 +188,7 @@ class CurvatureHooks:
         self._passes = 0  # backward passes seen: counted at the first forward call after a gradient arrived
         self._grad_seen = False
         self._repeated = False  # a call's output got a gradient twice (a second backward through one graph)
+        self._grad_passes: set[int] = set()  # the passes whose calls got a gradient (check_one_pass)
 
     @property
     def capture(self) -> str | None:
@@ -213,7 +214,7 @@ class CurvatureHooks:
                 "loss, an approximation (exact: GroupNorm/LayerNorm, or eval mode)",
                 stacklevel=4,
             )
-        self._records = {}
+        self._records, self._grad_passes = {}, set()
         self._capture = capture
         self._accepting = capture == "grads"
         self._stray_backward = False
@@ -261,6 +262,7 @@ class CurvatureHooks:
         if self._accepting:
             self._grad_seen = True
             self._repeated |= record.grad is not None
+            self._grad_passes.add(record.pass_index)
             record.grad = grad if record.grad is None else record.grad + grad
         elif self._capture == "sampled":
             self._stray_backward = True
@@ -310,9 +312,9 @@ class CurvatureHooks:
     # Statistics
     # ----------------------------------------------------------------------------------------------------
     def check_one_pass(self) -> None:
-        """RuntimeError if more than one backward pass reached the hooks in this recording."""
-        passes = {r.pass_index for recs in self._records.values() for r in recs if r.grad is not None}
-        if self._repeated or len(passes) > 1:
+        """RuntimeError if more than one backward pass reached the hooks in this recording (kept as the
+        gradients arrive: every layer's statistics ask, and a scan of the records was O(layers²))."""
+        if self._repeated or len(self._grad_passes) > 1:
             raise RuntimeError(
                 "two backward passes reached the hooked layers in one posterior sample (gradient "
                 "accumulation over micro-batches?); per-example curvature would pool example i of each "

@@ -174,8 +174,6 @@ def after_step(opt: Any) -> None:
 @torch.no_grad()
 def update(opt: Any, config: EmpiricalBayes) -> list[float]:
     """λ ← λ* (damped, bounded, kept feasible) in every group; the new λ of each group."""
-    from ..kronecker import KroneckerFamily  # the engine is imported by the rules' modules
-
     key, to_prior, from_prior = prior_key(opt)
     post = opt.posterior()
     sums, i = [], 0
@@ -190,7 +188,7 @@ def update(opt: Any, config: EmpiricalBayes) -> list[float]:
         widest = torch.stack([v.double().max() for v in var]).max()
         sums.append((torch.stack([total, widest]), sum(p.numel() for p in params)))
     host = [None if s is None else (*s[0].tolist(), s[1]) for s in sums]  # one read per group
-    additive = not isinstance(opt, KroneckerFamily)  # diagonal precisions are (data part) + λ
+    additive = opt.additive_prior  # diagonal precisions are (data part) + λ
     lo, hi = config.bounds
     out = []
     for group, row in zip(opt.param_groups, host, strict=True):

@@ -97,6 +97,9 @@ class VariationalOptimizer(Optimizer):
     takes_model: bool = False
     #: ``posterior()`` gives a Gaussian (False for point estimates built on the engine: the K-FAC baseline)
     has_posterior: bool = True
+    #: the posterior precision is (data part) + λ, weight by weight (False where the prior is damping inside
+    #: Kronecker or full factors): :mod:`.empirical_bayes` then keeps every precision positive when λ falls
+    additive_prior: bool = True
     #: ``_update`` writes only μ and the tensors in the parameters' state (in place or by replacing them), so
     #: ``finite_check="device"`` can mask it (:mod:`.device_check`)
     maskable_update: bool = True

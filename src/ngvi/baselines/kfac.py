@@ -59,6 +59,8 @@ class KFAC(KroneckerFamily):
         **engine_kwargs: ``seed`` (for sampled targets), ``skip_nonfinite``.
     """
 
+    has_posterior = False  # a point estimate: its prior's precision cannot be learned from a posterior
+
     perturbs_in_step = False  # the gradient at the weights
 
     def __init__(

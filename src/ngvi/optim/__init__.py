@@ -3,6 +3,7 @@
 from ._diag_local import sample_preactivations
 from .badam import BAdam
 from .diagnostics import Diagnostics, PosteriorWarning
+from .engine.empirical_bayes import EmpiricalBayes
 from .engine.optimizer import NonFiniteGradientError, VariationalOptimizer
 from .ivon import IVON
 from .nng_blktri import NNGBlkTri
@@ -22,6 +23,7 @@ __all__ = [
     "VON",
     "BAdam",
     "Diagnostics",
+    "EmpiricalBayes",
     "NNGBlkTri",
     "NNGFull",
     "NoisyAdam",

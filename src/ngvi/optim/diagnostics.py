@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .engine import mixed_precision, sharded
+from .engine import empirical_bayes, mixed_precision, sharded
 
 __all__ = ["Diagnostics", "PosteriorWarning", "after_step", "report"]
 
@@ -63,6 +63,8 @@ class Diagnostics:
     snr_quantiles: dict[float, float] | None = None
     at_float_limit: float | None = None
     state_dtypes: list[str] = field(default_factory=list)
+    #: λ of each parameter group where it is learned during training (``empirical_bayes=``), else None
+    learned_prior_prec: list[float] | None = None
 
     def __str__(self) -> str:
         def q(values: dict[float, float] | None) -> str:
@@ -80,6 +82,13 @@ class Diagnostics:
                 f"  precision moved from its start: {moved};  at float limits: {limit}",
                 f"  sigma: {q(self.sigma_quantiles)}",
                 f"  SNR |mu|/sigma: {q(self.snr_quantiles)}",
+                *(
+                    []
+                    if self.learned_prior_prec is None
+                    else [
+                        "  learned prior precision: " + ", ".join(f"{v:.4g}" for v in self.learned_prior_prec)
+                    ]
+                ),
             ]
         )
 
@@ -122,6 +131,9 @@ def report(opt: Any) -> Diagnostics:
         snr_quantiles=_quantiles(snrs),
         at_float_limit=limit / total if total else None,
         state_dtypes=sorted(dtypes),
+        learned_prior_prec=(
+            None if getattr(opt, "empirical_bayes", None) is None else empirical_bayes.prior_precisions(opt)
+        ),
     )
 
 

@@ -75,6 +75,8 @@ class KroneckerFamily(VariationalOptimizer):
     """The shared part of the K-FAC family (module docstring). A member builds its curvature estimator and
     calls ``super().__init__(estimator, hyperparameters, mc_samples=..., sampling=...)``."""
 
+    additive_prior = False  # the prior is damping inside the factors (empirical_bayes needs no floor)
+
     takes_model = True
     curvatures = ("ef", "fisher")  # the factors from the closure's or sampled targets
     #: the update replaces the factors, inverses and heavy-ball buffer in the state, which the device path

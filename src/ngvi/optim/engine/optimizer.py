@@ -26,6 +26,7 @@ from ..._tensorlist import TensorList
 from ...curvature.estimators import CurvatureEstimator, estimator_for
 from ...posterior import DiagonalGaussian
 from .. import diagnostics as _diagnostics
+from . import empirical_bayes as _eb
 from . import flat, group_keys, mixed_precision, sample_guard, sharded, state_checks
 from .accumulator import SampleAccumulator
 from .buffers import BufferGuard
@@ -76,6 +77,9 @@ class VariationalOptimizer(Optimizer):
         flat: ``None`` (default) or True: element-wise rules keep μ, θ, the state and the sums of each
             parameter group in flat buffers, one kernel per pass (:mod:`.flat`); False: one tensor per
             parameter (the reference path, as torch.optim's ``foreach=False``).
+        empirical_bayes: learn the prior precision during training (:mod:`.empirical_bayes`): ``None``
+            (default: λ stays as given), ``True`` or ``"group"`` (one λ per parameter group), ``"layer"``
+            (one per parameter tensor), or an :class:`~.empirical_bayes.EmpiricalBayes` for the schedule.
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction
@@ -91,6 +95,11 @@ class VariationalOptimizer(Optimizer):
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
+    #: ``posterior()`` gives a Gaussian (False for point estimates built on the engine: the K-FAC baseline)
+    has_posterior: bool = True
+    #: the posterior precision is (data part) + λ, weight by weight (False where the prior is damping inside
+    #: Kronecker or full factors): :mod:`.empirical_bayes` then keeps every precision positive when λ falls
+    additive_prior: bool = True
     #: ``_update`` writes only μ and the tensors in the parameters' state (in place or by replacing them), so
     #: ``finite_check="device"`` can mask it (:mod:`.device_check`)
     maskable_update: bool = True
@@ -146,8 +155,10 @@ class VariationalOptimizer(Optimizer):
         fp32_state: bool = True,
         finite_check: str = "auto",
         flat: bool | None = None,
+        empirical_bayes: Any = None,
     ):
         self.flat = None if flat is None else check.boolean("flat", flat)
+        self.empirical_bayes = _eb.configure(self, empirical_bayes, defaults)
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
         self.finite_check = check.choice("finite_check", finite_check, CHECKS)
         if finite_check == "device" and not self.maskable_update:
@@ -169,6 +180,8 @@ class VariationalOptimizer(Optimizer):
         self.accumulator = SampleAccumulator()
         self._init_transient()
         super().__init__(params, defaults)
+        if self.empirical_bayes is not None and self.empirical_bayes.per == "layer":
+            _eb.split_layers(self)
 
     def _init_transient(self) -> None:
         self._means: dict[Tensor, Tensor] = {}  # μ while the parameters hold a sample
@@ -558,6 +571,7 @@ class VariationalOptimizer(Optimizer):
             self._buffer_guard.commit_unless(bad)
         self._rng_checkpoint = None
         self.num_steps += 1
+        _eb.after_step(self)  # a no-op unless empirical_bayes= is set
         _diagnostics.after_step(self)  # warns once if the variance is frozen or at the float limits
         return loss
 

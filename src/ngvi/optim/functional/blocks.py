@@ -95,7 +95,7 @@ def trust_region(numer: Tensors, denom: Tensors, *, lr: Num, kappa: Num) -> Tens
     the loss's scale. A 0-dim tensor, so no host read; exactly 1.0 where the cap does not bind, so the step
     it scales is then bitwise the uncapped one. m = 0 gives ν = 1; a non-finite m a non-finite ν (the
     step's own check catches it)."""
-    m = sum((u.float().square() / p.float()).sum() for u, p in zip(numer, denom, strict=True))
+    m = sum((u.square() / p).sum() for u, p in zip(numer, denom, strict=True))  # in the state's dtype
     return torch.rsqrt(m * (lr * lr) / kappa).clamp_(max=1.0)
 
 

@@ -222,13 +222,28 @@ def badam_update_(
 
 
 def vadagrad_update_(
-    means: Tensors, grads: Tensors, curvs: Tensors, sum_sq: Tensors, *, lr: Num, beta: Num
+    means: Tensors,
+    grads: Tensors,
+    curvs: Tensors,
+    sum_sq: Tensors,
+    *,
+    lr: Num,
+    beta: Num,
+    init_prec: Num = 1.0,
+    kl_clip: Num | None = None,
 ) -> None:
     r"""VadaGrad (Khan et al. 2018, App. F, eq. 96), in place on μ and s:
-    :math:`s \leftarrow s + \beta\hat g^2`, :math:`\mu \leftarrow \mu - \alpha\,\hat g/\sqrt s`."""
+    :math:`s \leftarrow s + \beta\hat g^2`, :math:`\mu \leftarrow \mu - \alpha\,\hat g/\sqrt s`.
+
+    ``kl_clip`` = κ scales the step by :func:`~.blocks.trust_region`'s ν with m = Σ Δ²·√(s/s₀) (s₀ =
+    ``init_prec``): ‖Δμ‖² ≤ κ at the start, and looser as s grows (``None``: no trust region)."""
     s = TensorList(sum_sq)
     _add_scaled_(s, TensorList(curvs), beta)
-    _addcdiv_(TensorList(means), TensorList(grads), s.sqrt(), -lr)
+    root, step = s.sqrt(), TensorList(grads)
+    if kl_clip is not None:
+        step = _mul(step, 1.0)  # a copy: ĝ is the engine's
+        scale_(step, trust_region(step, _mul(root, init_prec**0.5), lr=lr, kappa=kl_clip))
+    _addcdiv_(TensorList(means), step, root, -lr)
 
 
 def vogn_update_(

@@ -254,7 +254,9 @@ def test_a_parameter_without_gradient_takes_the_per_tensor_path_and_stays_right(
     for flat in (False, True):
         injected_noise()
         model = mlp()
-        opt = ngvi.IVON(model.parameters(), data_size=64, seed=0, flat=flat)
+        # kl_clip=None: the trust region's ν is a sum over the group, whose rounding depends on the layout
+        # (one flat buffer or one tensor per parameter), so with it the two paths agree to rounding only
+        opt = ngvi.IVON(model.parameters(), data_size=64, seed=0, flat=flat, kl_clip=None)
         x = torch.randn(8, 3, dtype=torch.float64)
 
         def closure(skip_first=False, model=model, opt=opt, x=x):

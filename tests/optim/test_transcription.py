@@ -541,12 +541,23 @@ def test_von_matches_eqs_7_8_with_riemannian_correction(hessian, momentum):
     assert_close([st["hess"] for st in opt.state.values()], s)
 
 
+@pytest.mark.parametrize("kl_clip", [None, 1e-3])
 @pytest.mark.parametrize("mc", [1, 2])
-def test_ivon_matches_design_rule(mc):
+def test_ivon_matches_design_rule(mc, kl_clip):
+    """DESIGN.md's rule; with ``kl_clip`` = κ the step before the clip is scaled by ν = min(1, √(κ/m)),
+    m = α²Σ step²·(h + δ) (the trust region, issue 32)."""
     lr, b1, b2, delta, h0, clip = 0.1, 0.9, 0.95, 0.05, 2.0, 0.3
     lib, opt = run_library(
         lambda ps, S: ngvi.IVON(
-            ps, N, lr=lr, betas=(b1, b2), weight_decay=delta, hess_init=h0, clip_radius=clip, mc_samples=S
+            ps,
+            N,
+            lr=lr,
+            betas=(b1, b2),
+            weight_decay=delta,
+            hess_init=h0,
+            clip_radius=clip,
+            mc_samples=S,
+            kl_clip=kl_clip,
         ),
         mc,
     )
@@ -571,6 +582,9 @@ def test_ivon_matches_design_rule(mc):
         step = [
             (gb / (1 - b1**t) + delta * mi) / (hi + delta) for gb, mi, hi in zip(g_bar, m, h, strict=True)
         ]
+        if kl_clip is not None:
+            length = lr**2 * sum((st**2 * (hi + delta)).sum() for st, hi in zip(step, h, strict=True))
+            step = [st * min(1.0, math.sqrt(kl_clip / length.item())) for st in step]
         m = [mi - lr * torch.clamp(st, -clip, clip) for mi, st in zip(m, step, strict=True)]
     assert_close(lib, m)
 

@@ -22,6 +22,7 @@ from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO, check_kl_clip, kl_clip_of
 
 
 class IVON(VariationalOptimizer):
@@ -52,6 +53,7 @@ class IVON(VariationalOptimizer):
         prior_prec: float | None = None,
         curvature: str | CurvatureEstimator = "price",
         ess: int | None = None,
+        kl_clip: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         if (data_size is None) == (ess is None):
@@ -69,6 +71,7 @@ class IVON(VariationalOptimizer):
             weight_decay=weight_decay,
             hess_init=hess_init,
             clip_radius=clip_radius,
+            kl_clip=kl_clip,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -79,6 +82,7 @@ class IVON(VariationalOptimizer):
         check.nonnegative("weight_decay", group["weight_decay"])
         check.positive("hess_init", group["hess_init"])
         check.positive("clip_radius", group["clip_radius"], allow_inf=True)
+        check_kl_clip(group)
 
     def _init_state(self, group, p, state):
         state["momentum"] = torch.zeros_like(p)
@@ -90,6 +94,9 @@ class IVON(VariationalOptimizer):
             ([st["hess"] for st in states],),
             dict(shift=group["weight_decay"], scale=float(group["data_size"])),
         )
+
+    def _group_wide(self, group):
+        return kl_clip_of(group) is not None  # the trust region's ν is one number for the group
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
@@ -106,5 +113,6 @@ class IVON(VariationalOptimizer):
             weight_decay=group["weight_decay"],
             bias1=F.bias_corrections(beta1, states),
             clip_radius=group["clip_radius"] if math.isfinite(group["clip_radius"]) else None,
+            kl_clip=kl_clip_of(group),
             compile=self.compile,
         )

@@ -58,7 +58,7 @@ from . import _nng_prior as nng
 from . import functional as F
 from ._kfac_local import SAMPLINGS, LocalPreactivations
 from .engine.optimizer import VariationalOptimizer
-from .engine.prior import AUTO
+from .engine.prior import AUTO, KL_CLIP
 
 __all__ = ["DEFAULTS", "KL_CLIP", "KroneckerFamily"]
 
@@ -66,9 +66,6 @@ __all__ = ["DEFAULTS", "KL_CLIP", "KroneckerFamily"]
 DEFAULTS: dict[str, Any] = dict(
     lr=0.1, beta=1e-3, momentum=0.5, damping=1e-3, stats_every=1, inv_every=20, init_prec=AUTO, kl_clip=AUTO
 )
-
-#: κ of ``kl_clip="auto"``, the trust region of the family's own start (docs/CHOOSING.md: the loss's scale)
-KL_CLIP = 1e-2
 
 
 class KroneckerFamily(VariationalOptimizer):

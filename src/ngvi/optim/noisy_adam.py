@@ -49,7 +49,7 @@ from ..curvature.likelihoods import Likelihood
 from . import _nng_prior as nng
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
-from .engine.prior import AUTO
+from .engine.prior import AUTO, check_kl_clip, kl_clip_of
 
 
 class NoisyAdam(VariationalOptimizer):
@@ -94,6 +94,7 @@ class NoisyAdam(VariationalOptimizer):
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
+        kl_clip: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
@@ -129,6 +130,7 @@ class NoisyAdam(VariationalOptimizer):
             kl_weight=kl_weight,
             damping=damping,
             init_prec=init_prec,
+            kl_clip=kl_clip,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -137,6 +139,7 @@ class NoisyAdam(VariationalOptimizer):
         check.nonnegative("lr", group["lr"])
         check.betas("betas", group["betas"])
         nng.check_prior(group)
+        check_kl_clip(group)
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
@@ -159,6 +162,9 @@ class NoisyAdam(VariationalOptimizer):
             dict(shift=self.intrinsic_damping(group), scale=group["data_size"] / group["kl_weight"]),
         )
 
+    def _group_wide(self, group):
+        return kl_clip_of(group) is not None  # the trust region's ν is one number for the group
+
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
         F.run_core(
@@ -174,5 +180,6 @@ class NoisyAdam(VariationalOptimizer):
             gamma_in=self.intrinsic_damping(group),
             damping=group["damping"],
             bias1=F.bias_corrections(beta1, states),
+            kl_clip=kl_clip_of(group),
             compile=self.compile,
         )

@@ -23,6 +23,7 @@ from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
+from .engine.prior import AUTO, KL_CLIP, check_kl_clip
 
 
 class VadaGrad(VariationalOptimizer):
@@ -33,6 +34,8 @@ class VadaGrad(VariationalOptimizer):
         beta: β, the weight of ĝ² in the running sum (not an EMA step: s only grows).  init_prec: s₀.
         mc_samples: samples per step.  data_size, prior_prec: accepted for the shared vocabulary; VadaGrad
         has no prior (``prior_prec`` must be 0) and does not scale by N.
+        kl_clip: the trust region κ (``"auto"``: 10⁻², a number, or None for none): the step is scaled so
+            that ΣΔ²√(s/s₀) ≤ κ, so the first step is ‖Δμ‖ ≤ √κ = 0.1 whatever the loss's scale.
     """
 
     elementwise = True
@@ -50,6 +53,7 @@ class VadaGrad(VariationalOptimizer):
         data_size: int | None = None,
         prior_prec: float = 0.0,
         curvature: str | CurvatureEstimator = "grad2",
+        kl_clip: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         if prior_prec != 0:
@@ -58,19 +62,30 @@ class VadaGrad(VariationalOptimizer):
                 f"{prior_prec!r}; for a posterior under a Gaussian prior use ngvi.Vadam"
             )
         self.data_size = None if data_size is None else check.data_size(data_size)  # not used by the rule
-        defaults = dict(lr=lr, beta=beta, init_prec=init_prec)
+        defaults = dict(lr=lr, beta=beta, init_prec=init_prec, kl_clip=kl_clip)
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
     def _check_group(self, group):
         check.nonnegative("lr", group["lr"])
         check.nonnegative("beta", group["beta"])
         check.positive("init_prec", group["init_prec"])
+        check_kl_clip(group)
 
     def _init_state(self, group, p, state):
         state["sum_sq"] = torch.full_like(p, float(group["init_prec"]))
 
     def _precision_core(self, group, states):
         return F.identity_precision, ([st["sum_sq"] for st in states],), dict()
+
+    @staticmethod
+    def _kl_clip(group: dict[str, Any]) -> float | None:
+        """κ: ``"auto"`` (also a checkpoint saved before ``kl_clip``) is :data:`KL_CLIP` whatever the start,
+        which is always a number here and measured against it (m = ΣΔ²√(s/s₀))."""
+        kappa = group.get("kl_clip", AUTO)
+        return KL_CLIP if isinstance(kappa, str) and kappa == AUTO else kappa
+
+    def _group_wide(self, group):
+        return self._kl_clip(group) is not None  # the trust region's ν is one number for the group
 
     def _update(self, group, means, grads, curvs, states):
         F.run_core(
@@ -81,5 +96,7 @@ class VadaGrad(VariationalOptimizer):
             [st["sum_sq"] for st in states],
             lr=group["lr"],
             beta=group["beta"],
+            init_prec=float(group["init_prec"]),
+            kl_clip=self._kl_clip(group),
             compile=self.compile,
         )

@@ -47,7 +47,7 @@ from .. import _validation as check
 from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
-from .engine.prior import AUTO
+from .engine.prior import AUTO, kl_clip_of
 from .von import VON
 
 
@@ -89,6 +89,7 @@ class VOGN(VON):
         noise_prec: float = 1.0,
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
+        kl_clip: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         estimator = PerExampleGGN(
@@ -109,6 +110,7 @@ class VOGN(VON):
             mc_samples,
             estimator,
             momentum=momentum,
+            kl_clip=kl_clip,
             **engine_kwargs,
         )
 
@@ -161,5 +163,6 @@ class VOGN(VON):
             beta=group["beta"],
             momentum=momentum,
             prior_tilde=group["prior_prec"] / group["data_size"],
+            kl_clip=kl_clip_of(group),
             compile=self.compile,
         )

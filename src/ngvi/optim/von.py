@@ -24,6 +24,13 @@ correction is O(β²), so the fixed point is that of eq. 8.
 s₀ = 1), so the first steps are SGD steps of size α with weight noise σ₀ ≈ 1/√N; α = 0.1 in these
 natural-gradient units (IVON's default) and the natural momentum of eq. 18 (App. E) with γ = 0.5. The
 paper's eqs. 7–8 alone are ``momentum=0``; its start at the prior is ``init_prec=None``.
+
+**Trust region** (``kl_clip``, issue 32). s₀ = 1 assumes a unit-scale likelihood: with the loss mse/(2σ²) at
+σ = 0.05 the first step α(ĝ + λ̃μ)/(s + λ̃) was ~400× a unit-scale one and the run left the data (the Price
+estimate then turns s negative-going, and the Riemannian term holds it just above −λ̃, so the steps grow
+further). The natural step is scaled by ν = min(1, √(κ/m)), m = α²Σ(ĝ + λ̃μ)²/(s + λ̃), its squared length
+in the metric s + λ̃ (as the K-FAC family's ``kl_clip``); ``"auto"`` is κ = 10⁻² except with the papers'
+start ``init_prec=None``. Exactly 1 where it does not bind (docs/CHOOSING.md has the grid).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer, initial_curvature
-from .engine.prior import AUTO
+from .engine.prior import AUTO, check_kl_clip, kl_clip_of
 
 
 class VON(VariationalOptimizer):
@@ -48,6 +55,8 @@ class VON(VariationalOptimizer):
         mc_samples: samples per step.
         curvature: "price" (default) or "hutchinson" (:mod:`ngvi.curvature.estimators`).
         momentum: γ of the natural momentum (eq. 18); 0 gives eqs. 7–8.
+        kl_clip: the trust region κ on the natural step (:func:`ngvi.optim.functional.trust_region`):
+            ``"auto"`` (10⁻² unless ``init_prec=None``), a number, or None (off).
         hessian: the old name of ``curvature`` (deprecated).
     """
 
@@ -68,6 +77,7 @@ class VON(VariationalOptimizer):
         curvature: str | CurvatureEstimator | None = None,
         *,
         momentum: float = 0.5,
+        kl_clip: float | str | None = AUTO,
         hessian: str | None = None,
         _extra_defaults: dict[str, Any] | None = None,
         **engine_kwargs: Any,
@@ -83,6 +93,7 @@ class VON(VariationalOptimizer):
             momentum=momentum,
             prior_prec=prior_prec,
             init_prec=init_prec,
+            kl_clip=kl_clip,
         )
         defaults.update(_extra_defaults or {})
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs)
@@ -96,6 +107,7 @@ class VON(VariationalOptimizer):
         check.prior_group(group)
         check.unit_interval("beta", group["beta"], closed_high=True)
         check.unit_interval("momentum", group["momentum"])
+        check_kl_clip(group)
 
     def _init_state(self, group, p, state):
         state["hess"] = initial_curvature(group, p)
@@ -106,6 +118,9 @@ class VON(VariationalOptimizer):
             ([st["hess"] for st in states],),
             dict(shift=group["prior_prec"] / group["data_size"], scale=float(group["data_size"])),
         )
+
+    def _group_wide(self, group):
+        return kl_clip_of(group) is not None  # the trust region's ν is one number for the group
 
     def _update(self, group, means, grads, curvs, states):
         momentum = group["momentum"]
@@ -120,6 +135,7 @@ class VON(VariationalOptimizer):
             beta=group["beta"],
             prior_tilde=group["prior_prec"] / group["data_size"],
             momentum=momentum,
+            kl_clip=kl_clip_of(group),
             compile=self.compile,
         )
 

@@ -34,7 +34,7 @@ from .closure import closure_loss, run_backward
 from .device_check import CHECKS, PendingChecks, agreed, masked, nonfinite_flags, use_device_check
 from .noise import NOISES, NoiseCheckpoint, NoiseSource
 from .perturbation import draw, slices
-from .prior import initial_curvature
+from .prior import AUTO, initial_curvature
 
 __all__ = ["NOISES", "NonFiniteGradientError", "VariationalOptimizer", "initial_curvature"]
 
@@ -225,6 +225,11 @@ class VariationalOptimizer(Optimizer):
         core, lists, hyper = self._precision_core(group, states)
         return TensorList(core(*lists, **hyper))
 
+    def _group_wide(self, group: dict[str, Any]) -> bool:
+        """Whether this step's update reduces over the whole group (a trust region's ν), so that it must see
+        the group in one call rather than cache-sized slices or chunks (the element-wise rules' default)."""
+        return False
+
     def _update(self, group, means: TensorList, grads: TensorList, curvs: TensorList | None, states) -> None:
         """Update μ (``means``, in place) and the state from the MC means ĝ and ĥ. ``state['step']`` is t."""
         raise NotImplementedError
@@ -318,7 +323,12 @@ class VariationalOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that
-        names what differs, and the optimizer is left as it was."""
+        names what differs, and the optimizer is left as it was. A group saved before its rule had
+        ``kl_clip`` (the trust region, issue 32) resumes with ``"auto"``."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if "kl_clip" in self.defaults and isinstance(groups, list):
+            groups = [{"kl_clip": AUTO, **g} if isinstance(g, dict) else g for g in groups]
+            state_dict = {**state_dict, "param_groups": groups}
         state_checks.load(self, state_dict, super().load_state_dict)
         self._pending_checks.clear()
 
@@ -553,7 +563,8 @@ class VariationalOptimizer(Optimizer):
                 states = [self.state[p] for p in s.params]
                 for state in states:
                     state["step"] += 1
-                for part in slices(s.params, self._elementwise and not self.compile):
+                whole = self.compile or self._group_wide(s.group)  # a group-wide ν: one call
+                for part in slices(s.params, self._elementwise and not whole):
                     means = TensorList(mixed_precision.mean(self, p) for p in s.params[part])
                     grads = TensorList(t.detach() for t in s.grads.tensors[part])
                     curvs = None if s.curvs is None else TensorList(s.curvs.tensors[part])
@@ -581,7 +592,8 @@ class VariationalOptimizer(Optimizer):
         b.gather()
         b.state["step"] += 1
         with contextlib.nullcontext() if bad is None else masked(b.written(), bad):
-            flat.update(b, lambda *args: self._update(s.group, *args), s.grads[0], s.curvs, self.compile)
+            whole = self.compile or self._group_wide(s.group)
+            flat.update(b, lambda *args: self._update(s.group, *args), s.grads[0], s.curvs, whole)
             b.write_back()
         b.sync_state()
 

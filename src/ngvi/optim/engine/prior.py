@@ -39,3 +39,32 @@ def initial_precision(group: dict[str, Any]) -> float:
 def initial_curvature(group: dict[str, Any], p: Tensor) -> Tensor:
     """s₀ shaped like p (:func:`initial_curvature_value`), so that q₀ has precision N(s₀ + λ/N)."""
     return torch.full_like(p, initial_curvature_value(group))
+
+
+#: κ of ``kl_clip="auto"``: the trust region of ngvi's starts (docs/CHOOSING.md, the loss's scale). With the
+#: preconditioner at one unit of curvature per example it caps the first step at ‖Δμ‖ ≤ √κ = 0.1, the step
+#: α = 0.1 takes on a unit-scale gradient.
+KL_CLIP = 1e-2
+
+
+def kl_clip_of(group: dict[str, Any]) -> float | None:
+    """κ of a diagonal rule's trust region on its natural step, or None for none.
+
+    ``"auto"`` (also a checkpoint's group saved before ``kl_clip`` existed) is :data:`KL_CLIP` with ngvi's
+    start (``init_prec="auto"``, s₀ = 1: a unit-scale likelihood assumed; IVON, without ``init_prec``, always)
+    and no region with a start the caller chose (``None``, the papers', or a number: the golden trajectories
+    and the experiments' protocols pin those with their own step sizes); a number is κ."""
+    kappa = group.get("kl_clip", AUTO)
+    if isinstance(kappa, str) and kappa == AUTO:
+        init = group.get("init_prec", AUTO)
+        return KL_CLIP if isinstance(init, str) and init == AUTO else None
+    return kappa
+
+
+def check_kl_clip(group: dict[str, Any]) -> None:
+    """``kl_clip``: ``"auto"``, None or a positive number (inf: no cap)."""
+    kappa = group.get("kl_clip", AUTO)
+    if kappa is None or (isinstance(kappa, str) and kappa == AUTO):
+        return
+    if isinstance(kappa, bool) or not isinstance(kappa, int | float) or not kappa > 0:
+        raise ValueError(f"kl_clip must be 'auto', None or a positive number, got {kappa!r}")

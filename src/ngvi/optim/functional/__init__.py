@@ -39,7 +39,7 @@ BADAM ("Adam as a Laplace approximation", Alg. 1, eq. 12); Blundell et al. 2015 
 from __future__ import annotations
 
 from ._capture import run_core
-from .blocks import adam_moments_, adam_step_, bias_corrections, riemannian_ema_
+from .blocks import adam_moments_, adam_step_, bias_corrections, riemannian_ema_, scale_, trust_region
 from .kfac import kfac_factor_ema, kfac_natural_step
 from .precisions import (
     diagonal_sigma,
@@ -77,8 +77,10 @@ __all__ = [
     "noisy_adam_update_",
     "riemannian_ema_",
     "run_core",
+    "scale_",
     "scaled_precision",
     "shifted_precision",
+    "trust_region",
     "vadagrad_update_",
     "vadam_update_",
     "vogn_update_",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+from torch import Tensor
+
 from ..._tensorlist import TensorList
 from ._capture import Num, Nums, Tensors, _add, _add_, _addcdiv_, _addcmul_, _div
 
@@ -83,3 +86,21 @@ def riemannian_ema_(
 def bias_corrections(beta: float, states: list[dict]) -> list[float]:
     """1 − βᵗ for each parameter's step t (Adam's bias corrections; Python floats, as eager)."""
     return [1 - beta ** st["step"] for st in states]
+
+
+def trust_region(numer: Tensors, denom: Tensors, *, lr: Num, kappa: Num) -> Tensor:
+    r"""ν = min(1, √(κ/m)), m = α²·Σ uᵢ²/Pᵢ: the squared length, in the diagonal metric P that preconditions
+    it, of the natural step αu/P (Ba, Grosse & Martens 2017's KL clipping, as the K-FAC family's
+    ``kl_clip``). With P in per-example units (ngvi's starts: P₀ = 1) the first step is ‖Δμ‖ ≤ √κ whatever
+    the loss's scale. A 0-dim tensor, so no host read; exactly 1.0 where the cap does not bind, so the step
+    it scales is then bitwise the uncapped one. m = 0 gives ν = 1; a non-finite m a non-finite ν (the
+    step's own check catches it)."""
+    m = sum((u.square() / p).sum() for u, p in zip(numer, denom, strict=True))  # in the state's dtype
+    return torch.rsqrt(m * (lr * lr) / kappa).clamp_(max=1.0)
+
+
+def scale_(tensors: Tensors, nu: Tensor) -> None:
+    """Each tensor in place by the 0-dim ν (a loop: the foreach overloads do not broadcast a 0-dim tensor
+    on every device, and Inductor would fold a captured one into a constant)."""
+    for t in tensors:
+        t.mul_(nu.to(t.dtype))

@@ -18,7 +18,7 @@ from ._capture import (
     _div,
     _mul,
 )
-from .blocks import adam_moments_, adam_step_, riemannian_ema_
+from .blocks import adam_moments_, adam_step_, riemannian_ema_, scale_, trust_region
 
 
 def vadam_update_(
@@ -89,6 +89,7 @@ def von_update_(
     beta: Num,
     prior_tilde: Num,
     momentum: Num = 0.0,
+    kl_clip: Num | None = None,
 ) -> None:
     r"""VON (Khan et al. 2018, eqs. 7–8) with the Riemannian correction, in place on μ and s:
 
@@ -99,18 +100,22 @@ def von_update_(
 
     with the new s in eq. 7 (the natural-gradient step uses the updated precision). The last term is the
     natural momentum of eq. 18 (App. E), γ = ``momentum``; ``momentum_buffer`` holds μ_t − μ_{t−1}
-    (``None``: no momentum, eqs. 7–8 alone)."""
+    (``None``: no momentum, eqs. 7–8 alone). ``kl_clip`` = κ scales the natural step α(ĝ + λ̃μ)/(s + λ̃),
+    before the momentum, by :func:`~.blocks.trust_region`'s ν (``None``: no trust region)."""
     mu, s = TensorList(means), TensorList(hess)
     before = None if momentum_buffer is None else _add(s, prior_tilde)  # s_t + λ̃
     riemannian_ema_(s, curvs, beta=beta, damping=prior_tilde)
     step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
+    precision = _add(s, prior_tilde)  # s_{t+1} + λ̃
+    if kl_clip is not None:
+        scale_(step, trust_region(step, precision, lr=lr, kappa=kl_clip))
     if momentum_buffer is None:
-        _addcdiv_(mu, step, _add(s, prior_tilde), -lr)
+        _addcdiv_(mu, step, precision, -lr)
         return
     buffers = TensorList(momentum_buffer)
     buffers.mul_(before).mul_(momentum)  # γ (s_t + λ̃)(μ_t − μ_{t−1})
     _add_scaled_(buffers, step, -lr)
-    buffers.div_(_add(s, prior_tilde))  # (18): the buffer now holds μ_{t+1} − μ_t
+    buffers.div_(precision)  # (18): the buffer now holds μ_{t+1} − μ_t
     mu.add_(buffers)
 
 
@@ -127,6 +132,7 @@ def ivon_update_(
     weight_decay: Num,
     bias1: Nums,
     clip_radius: Num | None = None,
+    kl_clip: Num | None = None,
 ) -> None:
     r"""IVON (Shen et al. 2024, Alg. 1, as in docs/NOTATION.md), in place on m, ḡ, h:
 
@@ -135,11 +141,16 @@ def ivon_update_(
         h &\leftarrow \beta_2 h + (1-\beta_2)\hat h + \tfrac12(1-\beta_2)^2(h-\hat h)^2/(h+\delta) \\
         m &\leftarrow m - \alpha\,\mathrm{clip}\big((\bar g/(1-\beta_1^t) + \delta m)/(h+\delta)\big)
 
-    ``bias1`` = 1−β₁ᵗ per tensor, δ = ``weight_decay``; ``clip_radius=None`` means no clipping."""
+    ``bias1`` = 1−β₁ᵗ per tensor, δ = ``weight_decay``; ``clip_radius=None`` means no clipping.
+    ``kl_clip`` = κ scales the step by :func:`~.blocks.trust_region`'s ν in the metric h + δ, before the
+    element-wise clip (``None``: no trust region)."""
     m, g_bar, h = TensorList(means), TensorList(momentum), TensorList(hess)
     g_bar.lerp_(TensorList(grads), 1 - beta1)
     riemannian_ema_(h, curvs, beta=1 - beta2, damping=weight_decay, coef=0.5 * (1 - beta2) ** 2)
-    step = _div(g_bar, bias1).add_(_mul(m, weight_decay)).div_(_add(h, weight_decay))
+    precision = _add(h, weight_decay)
+    step = _div(g_bar, bias1).add_(_mul(m, weight_decay)).div_(precision)
+    if kl_clip is not None:  # m = α²Σ step²·(h + δ) = α²Σ u²/(h + δ)
+        scale_(step, trust_region(step * precision, precision, lr=lr, kappa=kl_clip))
     if clip_radius is not None:
         _clamp_(step, clip_radius)
     _add_scaled_(m, step, -lr)
@@ -158,6 +169,7 @@ def noisy_adam_update_(
     gamma_in: Num,
     damping: Num,
     bias1: Nums,
+    kl_clip: Num | None = None,
 ) -> None:
     r"""Noisy Adam (Zhang et al. 2018, Alg. 1, minimisation form), in place on μ, m, f:
 
@@ -166,11 +178,18 @@ def noisy_adam_update_(
         f \leftarrow \beta_2 f + (1-\beta_2)\hat g^2,\quad
         \mu \leftarrow \mu - \alpha\,\frac{m/(1-\beta_1^k)}{f + \gamma_{in} + \gamma_{ex}}
 
-    ``curvs`` = ĝ², ``damping`` = γ_ex, ``bias1`` = 1−β₁ᵏ per tensor."""
+    ``curvs`` = ĝ², ``damping`` = γ_ex, ``bias1`` = 1−β₁ᵏ per tensor. ``kl_clip`` = κ scales the step by
+    :func:`~.blocks.trust_region`'s ν in the metric f + γ_in + γ_ex (``None``: no trust region)."""
     mu = TensorList(means)
     v = _mul(mu, gamma_in).add_(TensorList(grads))  # ĝ + γ_in μ
     adam_moments_(exp_avg, fisher, v, curvs, beta1=beta1, beta2=beta2)
-    _addcdiv_(mu, TensorList(exp_avg), _add(TensorList(fisher), gamma_in + damping), [-lr / b for b in bias1])
+    precision = _add(TensorList(fisher), gamma_in + damping)
+    numer = TensorList(exp_avg)
+    if kl_clip is not None:
+        numer = _mul(numer, 1.0)  # a copy: m̂ = m/(1−β₁ᵏ) is what the metric measures, m stays the state
+        scale_(numer, trust_region([a / b for a, b in zip(numer, bias1, strict=True)], precision,
+                                   lr=lr, kappa=kl_clip))  # fmt: skip
+    _addcdiv_(mu, numer, precision, [-lr / b for b in bias1])
 
 
 def badam_update_(
@@ -203,13 +222,28 @@ def badam_update_(
 
 
 def vadagrad_update_(
-    means: Tensors, grads: Tensors, curvs: Tensors, sum_sq: Tensors, *, lr: Num, beta: Num
+    means: Tensors,
+    grads: Tensors,
+    curvs: Tensors,
+    sum_sq: Tensors,
+    *,
+    lr: Num,
+    beta: Num,
+    init_prec: Num = 1.0,
+    kl_clip: Num | None = None,
 ) -> None:
     r"""VadaGrad (Khan et al. 2018, App. F, eq. 96), in place on μ and s:
-    :math:`s \leftarrow s + \beta\hat g^2`, :math:`\mu \leftarrow \mu - \alpha\,\hat g/\sqrt s`."""
+    :math:`s \leftarrow s + \beta\hat g^2`, :math:`\mu \leftarrow \mu - \alpha\,\hat g/\sqrt s`.
+
+    ``kl_clip`` = κ scales the step by :func:`~.blocks.trust_region`'s ν with m = Σ Δ²·√(s/s₀) (s₀ =
+    ``init_prec``): ‖Δμ‖² ≤ κ at the start, and looser as s grows (``None``: no trust region)."""
     s = TensorList(sum_sq)
     _add_scaled_(s, TensorList(curvs), beta)
-    _addcdiv_(TensorList(means), TensorList(grads), s.sqrt(), -lr)
+    root, step = s.sqrt(), TensorList(grads)
+    if kl_clip is not None:
+        step = _mul(step, 1.0)  # a copy: ĝ is the engine's
+        scale_(step, trust_region(step, _mul(root, init_prec**0.5), lr=lr, kappa=kl_clip))
+    _addcdiv_(TensorList(means), step, root, -lr)
 
 
 def vogn_update_(
@@ -224,6 +258,7 @@ def vogn_update_(
     beta: Num,
     momentum: Num,
     prior_tilde: Num,
+    kl_clip: Num | None = None,
 ) -> None:
     r"""VOGN (Khan et al. 2018, eqs. 7 and 10) with natural momentum (App. E, eq. 82), in place on μ and s:
 
@@ -234,7 +269,8 @@ def vogn_update_(
 
     ``momentum_buffer`` holds μ_t − μ_{t−1} (``None``: no momentum). ``scratch`` is one parameter-shaped
     buffer per tensor, reused every step (fresh temporaries cost page faults on CPU); ``curvs`` is consumed:
-    it holds s_{t+1} + λ̃ afterwards."""
+    it holds s_{t+1} + λ̃ afterwards. ``kl_clip`` = κ scales the natural step α(ĝ + λ̃μ)/(s_{t+1} + λ̃),
+    before the momentum, by :func:`~.blocks.trust_region`'s ν (``None``: no trust region)."""
     mu, s, h_hat, step = TensorList(means), TensorList(hess), TensorList(curvs), TensorList(scratch)
     if momentum_buffer is not None:
         buffers = TensorList(momentum_buffer)
@@ -246,6 +282,8 @@ def vogn_update_(
     s.lerp_(h_hat, beta)  # (10)
     for out, s_t in zip(h_hat, s, strict=True):
         _add_into(out, s_t, prior_tilde)  # s_{t+1} + λ̃
+    if kl_clip is not None:
+        scale_(step, trust_region(step, h_hat, lr=lr, kappa=kl_clip))
     if momentum_buffer is None:
         _addcdiv_(mu, step, h_hat, -lr)  # (7)
         return

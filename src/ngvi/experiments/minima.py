@@ -42,7 +42,7 @@ DATA_SIZE = 10  # N: q ∝ exp(−N f) p at τ = 1
 PRIOR_PREC = 4.0  # λ: p = N(θ₀, I/4), a search radius of 0.5 around the start
 #: q starts at the prior around the start, and the step is eqs. 88-93 as written (not the library's defaults)
 VADAM = {"lr": 0.01, "betas": (0.9, 0.999), "init_prec": None, "step_moment": "paper"}
-VADAGRAD = {"lr": 0.01, "beta": 0.01}
+VADAGRAD = {"lr": 0.01, "beta": 0.01, "kl_clip": None}
 #: below 2/curvature of the steepest ridges (widths ~0.03, curvature ~1e3): larger steps bounce on them
 GD_LR = 1e-3
 MC_SAMPLES = 8

@@ -194,7 +194,7 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("vadagrad", "VadaGrad",
-                lambda p, s: ngvi.VadaGrad(p, lr=1e-2, beta=0.01, init_prec=INIT_PREC, seed=s)),
+                lambda p, s: ngvi.VadaGrad(p, lr=1e-2, beta=0.01, init_prec=INIT_PREC, kl_clip=None, seed=s)),
         Variant("vadam", "Vadam", lambda p, s: ExplorationVadam(p, lr=1e-4, betas=(0.9, 0.999), seed=s)),
         Variant("sgd_plain", "SGD-Plain", lambda p, s: Plain(_sgd(1e-4)(p))),
         Variant("adam_plain", "Adam-Plain", lambda p, s: Plain(_adam(1e-4)(p))),

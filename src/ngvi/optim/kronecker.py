@@ -344,7 +344,7 @@ class KroneckerFamily(VariationalOptimizer):
                 # for an operand at an unaligned address (a view into a stack), measured on this CPU
                 per_layer = [inv[key] for inv in inverses]
                 if key in ("A_inv", "S_inv"):
-                    per_layer = torch.stack(per_layer).unbind(0)
+                    per_layer = _stack(per_layer).unbind(0)
                 for layer, tensor in zip(batch, per_layer, strict=True):
                     layer.new[key] = tensor
 
@@ -395,19 +395,29 @@ class _Layer:
         self.new: dict[str, Any] = {}
 
 
+def _stack(tensors: list[Tensor]) -> Tensor:
+    """torch.stack, keeping each matrix's memory layout: LAPACK leaves its inverses column-major, and a
+    product rounds by its operands' layout (measured with the golden trajectories' pinned numerics)."""
+    if not tensors[0].is_contiguous() and tensors[0].mT.is_contiguous():
+        return torch.stack([t.mT for t in tensors]).mT
+    return torch.stack(tensors)
+
+
 def _stacked(tensors: list[Tensor]) -> Tensor:
     """The tensors (all of one shape) as one [L, ...] tensor: the stack they are consecutive views of, as
     the last inversion or step left them (no copy), else a new stack (after a checkpoint or a masked step)."""
     first = tensors[0]
     base = first._base
     if base is not None and base.is_contiguous() and base.numel() == len(tensors) * first.numel():
-        size = first.numel() * first.element_size()
+        size, stride = first.numel() * first.element_size(), first.stride()
         if all(
-            t._base is base and t.is_contiguous() and t.data_ptr() == base.data_ptr() + j * size
+            t._base is base and t.stride() == stride and t.data_ptr() == base.data_ptr() + j * size
             for j, t in enumerate(tensors)
         ):
-            return base.view(len(tensors), *first.shape)
-    return torch.stack(tensors)
+            return base.as_strided(
+                (len(tensors), *first.shape), (first.numel(), *stride), base.storage_offset()
+            )
+    return _stack(tensors)
 
 
 def _local_layers(estimator: KroneckerFactors) -> list[tuple[str, nn.Linear, Tensor]]:

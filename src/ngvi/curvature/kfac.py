@@ -42,13 +42,34 @@ def pi_split(a: Tensor, s: Tensor) -> Tensor:
 @dataclass
 class Factorisation:
     """A batch of damped factors X + cᵢ·I, Cholesky-factorised but not yet checked: no value has been read
-    back, so the factorisations of every layer can be checked with one host read (:func:`all_succeeded`)."""
+    back, so the factorisations of every layer can be checked with one host read (:func:`all_succeeded`).
+
+    The batch may stack the factors of several layers of one shape ([L·G, d, d]); :meth:`part` is one
+    layer's slice, which checks its own success (a failed layer falls back alone)."""
 
     x: Tensor  # the symmetrised factors [G, d, d], in the working dtype
     dtype: torch.dtype  # the factors' own dtype (the results are cast back to it)
     dampings: tuple[Tensor, ...]  # each [G, 1, 1]
     chols: tuple[Tensor, ...]  # the Cholesky factor of X + c·I for each damping
-    ok: Tensor  # 0-dim bool: every factorisation succeeded
+    infos: tuple[Tensor, ...]  # cholesky_ex's info of each, [G]
+
+    @property
+    def ok(self) -> Tensor:
+        """0-dim bool: every factorisation succeeded (a device flag, not read here)."""
+        return torch.stack([(info == 0).all() for info in self.infos]).all()
+
+    def part(self, start: int, stop: int) -> Factorisation:
+        """The factorisations of matrices [start, stop) of the batch (one layer's), bitwise as if factorised
+        alone: cholesky_ex factorises each matrix of a batch on its own. Copies, not views: LAPACK's
+        triangular solve rounds differently for a matrix at an unaligned address (measured: 17×17 float32),
+        and a fresh tensor is aligned as the layer's own factor was."""
+        return Factorisation(
+            self.x[start:stop].clone(),
+            self.dtype,
+            tuple(c[start:stop] for c in self.dampings),
+            tuple(c[start:stop].clone() for c in self.chols),
+            tuple(i[start:stop] for i in self.infos),
+        )
 
 
 def factorise(x: Tensor, *dampings: Tensor) -> Factorisation:
@@ -61,15 +82,14 @@ def factorise(x: Tensor, *dampings: Tensor) -> Factorisation:
     eye = torch.eye(x.shape[-1], dtype=work, device=x.device)
     cs = tuple(c.to(work)[:, None, None] for c in dampings)
     chols, infos = zip(*(torch.linalg.cholesky_ex(x + c * eye) for c in cs), strict=True)
-    ok = torch.stack([(info == 0).all() for info in infos]).all()
-    return Factorisation(x, dtype, cs, chols, ok)
+    return Factorisation(x, dtype, cs, chols, infos)
 
 
 def all_succeeded(factorisations: list[Factorisation]) -> bool:
     """Whether every factorisation succeeded: one host read for all of them (an inversion step's only one)."""
     if not factorisations:
         return True
-    return bool(torch.stack([f.ok for f in factorisations]).all())
+    return not bool(torch.cat([info for f in factorisations for info in f.infos]).any())  # infos are [G]
 
 
 def roots_and_inverse(f: Factorisation, ok: bool | None = None) -> tuple[Tensor, Tensor]:

@@ -265,49 +265,158 @@ class KroneckerFamily(VariationalOptimizer):
         return {"momentum_buffer": self._block_dims(self._layer_of[p])}
 
     def _update(self, group, means, grads, curvs, states):
+        """One step for every layer, the layers of one block shape as one batch (issue 30, item 4: the step
+        was host-bound, ~90 small ops per layer): their factors are factorised as one stack, the step
+        S⁻¹VA⁻¹ is one batched product, and the momentum and the mean update are one op each. Bitwise the
+        per-layer step on the CPU (``tests/optim/test_kfac_host_reads.py``): a batched matmul and
+        cholesky_ex compute each matrix as alone; cholesky_inverse and solve_triangular do not, so those
+        run per layer, on views of the batch's Cholesky factors (at inversions only)."""
         params = self.accumulator.params(group)  # the engine's order of means/grads
         gamma_in = self.intrinsic_damping(group)
-        invert = self._inverting(group)
-        layers = []  # (12) for every layer first: all factorisations are then checked with one host read
-        for i, ks in self._positions(params):
-            st = states[ks[0]]
-            new: dict[str, Any] = {}
-            a, s = st["factor_A"], st["factor_S"]
-            if curvs is not None:
-                count = st["factor_updates"] + 1
-                flat = curvs[ks[0]]
-                a_hat, s_hat = flat[: a.numel()].view_as(a), flat[a.numel() :].view_as(s)
-                weight = self._factor_step(group, count)  # (12), over the step's own Â, Ŝ (then discarded)
-                a, s = F.kfac_factor_ema(a, s, a_hat, s_hat, weight, into_hats=True)
-                new.update(factor_A=a, factor_S=s, factor_updates=count)
+        layers = [_Layer(i, ks, states[ks[0]], self._block_dims(i)) for i, ks in self._positions(params)]
+        if curvs is not None:
+            for layer in layers:  # (12), per layer: lerp writes over the step's own Â, Ŝ (then discarded)
+                st = layer.state
+                a, s, count = st["factor_A"], st["factor_S"], st["factor_updates"] + 1
+                a_hat, s_hat = curvs[layer.ks[0]].split([a.numel(), s.numel()])
+                a, s = F.kfac_factor_ema(
+                    a, s, a_hat.view_as(a), s_hat.view_as(s), self._factor_step(group, count), into_hats=True
+                )
+                layer.new.update(factor_A=a, factor_S=s, factor_updates=count)
+        batches: dict[tuple, list[_Layer]] = {}
+        for layer in layers:
+            batches.setdefault(self._batch_key(layer, grads[layer.ks[0]]), []).append(layer)
+        if self._inverting(group):
+            self._invert(group, list(batches.values()))  # (13)
+        steps = [self._precondition(batch, means, grads, gamma_in) for batch in batches.values()]
+        if self._kl_clip(group) is not None:  # the trust region (one ν for the group)
+            blocks = {id(layer): block for batch, step in zip(batches.values(), steps, strict=True)
+                      for layer, block in zip(batch, step.unbind(0), strict=True)}  # fmt: skip
+            nu = self._trust_region(  # summed in the layers' order, as one layer at a time did
+                group,
+                [blocks[id(layer)] for layer in layers],
+                [
+                    self._join(layer.index, [grads[k] + gamma_in * means[k] for k in layer.ks])
+                    for layer in layers
+                ],
+            )
+            steps = [step * nu.to(step.dtype) for step in steps]
+        parts, targets = [], []
+        for batch, step in zip(batches.values(), steps, strict=True):
+            step = self._batched_heavy_ball(group, batch, step)
+            for layer, block in zip(batch, step.unbind(0), strict=True):
+                parts += self._split(layer.index, block)
+                targets += [means[k] for k in layer.ks]
+        for layer in layers:  # computed for every layer first, committed after: an error changes nothing
+            layer.state.update(layer.new)
+        torch._foreach_add_(targets, parts, alpha=-group["lr"])
+
+    @staticmethod
+    def _batch_key(layer: _Layer, grad: Tensor) -> Any:
+        """Layers with one key are one batch: equal blocks [G, rows, cols] of one dtype, on one device."""
+        return layer.dims, grad.dtype, grad.device
+
+    def _invert(self, group: dict[str, Any], batches: list[list[_Layer]]) -> None:
+        """The damped inverses (13) of every layer into ``layer.new``: a batch's factors stacked and
+        factorised as one, all factorisations checked with one host read, then each layer's inverses from
+        its slice (a layer whose factorisation failed falls back alone)."""
+        factorisations = []
+        for batch in batches:
+            factors = [
+                torch.stack([layer.new.get(k, layer.state[k]) for layer in batch]).flatten(0, 1)
+                for k in ("factor_A", "factor_S")
+            ]
             # a step the device path masks may hold NaN factors: factorise finite ones (the identity on a
             # step that is kept), so the inversion cannot fail before the mask selects the old state back
-            finite = [torch.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0) for f in (a, s)] if invert else []
-            layers.append((i, ks, st, new, self._factorisations(group, *finite) if invert else []))
-        ok = all_succeeded([f for *_, factorisations in layers for f in factorisations]) if invert else None
-        pending = []  # computed for every layer first, committed after: an error leaves the state as it was
-        for i, ks, st, new, factorisations in layers:
-            if invert:
-                new.update(self._inverses_from(group, factorisations, ok))  # (13)
-            a_inv, s_inv = new.get("A_inv", st["A_inv"]), new.get("S_inv", st["S_inv"])
-            step = F.kfac_natural_step(  # S⁻¹ (ĝ + γ_in M) A⁻¹
-                [grads[k] for k in ks], [means[k] for k in ks], a_inv, s_inv, gamma_in=gamma_in
+            finite = [torch.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0) for f in factors]
+            factorisations.append(self._factorisations(group, *finite))
+        ok = all_succeeded([f for fs in factorisations for f in fs])
+        for batch, fs in zip(batches, factorisations, strict=True):
+            g = batch[0].dims[0]
+            inverses = [
+                self._inverses_from(group, [f.part(j * g, (j + 1) * g) for f in fs], ok)
+                for j in range(len(batch))
+            ]
+            for key in inverses[0]:
+                # A⁻¹ and S⁻¹, which only the batched product reads, are stacked once and kept as views of
+                # the stack; the roots stay tensors of their own: the sampling's matmuls round differently
+                # for an operand at an unaligned address (a view into a stack), measured on this CPU
+                per_layer = [inv[key] for inv in inverses]
+                if key in ("A_inv", "S_inv"):
+                    per_layer = _stack(per_layer).unbind(0)
+                for layer, tensor in zip(batch, per_layer, strict=True):
+                    layer.new[key] = tensor
+
+    @staticmethod
+    def _precondition(
+        batch: list[_Layer], means: list[Tensor], grads: list[Tensor], gamma_in: float
+    ) -> Tensor:
+        """S⁻¹ (ĝ + γ_in M) A⁻¹ for a batch of layers of one block shape, as one [L, G, rows, cols] product
+        (V written in place, each parameter into its columns, as :func:`.functional.kfac_natural_step`)."""
+        groups, rows, cols = batch[0].dims
+        v = grads[batch[0].ks[0]].new_empty(len(batch), groups, rows, cols)
+        for j, layer in enumerate(batch):
+            start = 0
+            for k in layer.ks:
+                g, m = grads[k].reshape(groups, rows, -1), means[k].reshape(groups, rows, -1)
+                torch.add(g, m, alpha=gamma_in, out=v[j, ..., start : start + g.shape[-1]])
+                start += g.shape[-1]
+        s_inv = _stacked([layer.new.get("S_inv", layer.state["S_inv"]) for layer in batch])
+        a_inv = _stacked([layer.new.get("A_inv", layer.state["A_inv"]) for layer in batch])
+        return s_inv @ v @ a_inv
+
+    @staticmethod
+    def _batched_heavy_ball(group: dict[str, Any], batch: list[_Layer], step: Tensor) -> Tensor:
+        """buf ← m·buf + step for a batch's stacked steps (each layer's buffer a view of the result)."""
+        momentum = group["momentum"]
+        if not momentum:
+            return step
+        buffers = [layer.state.get("momentum_buffer") for layer in batch]
+        if all(b is not None for b in buffers):
+            step = _stacked(buffers).mul(momentum).add_(step)
+        elif any(b is not None for b in buffers):  # a layer without a gradient on earlier steps
+            step = torch.stack(
+                [s if b is None else b.mul(momentum).add_(s) for b, s in zip(buffers, step, strict=True)]
             )
-            pending.append((i, ks, st, new, step))
-        if self._kl_clip(group) is not None:  # the trust region (one ν for the group)
-            nu = self._trust_region(
-                group,
-                [step for *_, step in pending],
-                [self._join(i, [grads[k] + gamma_in * means[k] for k in ks]) for i, ks, *_ in pending],
+        for layer, view in zip(batch, step.unbind(0), strict=True):
+            layer.new["momentum_buffer"] = view
+        return step
+
+
+class _Layer:
+    """A layer in one step: its index, its parameters' positions, its state, its [G, rows, cols] block and
+    the state entries the step replaces (committed at the end)."""
+
+    __slots__ = ("dims", "index", "ks", "new", "state")
+
+    def __init__(self, index: int, ks: list[int], state: dict[str, Any], dims: tuple[int, int, int]) -> None:
+        self.index, self.ks, self.state, self.dims = index, ks, state, dims
+        self.new: dict[str, Any] = {}
+
+
+def _stack(tensors: list[Tensor]) -> Tensor:
+    """torch.stack, keeping each matrix's memory layout: LAPACK leaves its inverses column-major, and a
+    product rounds by its operands' layout (measured with the golden trajectories' pinned numerics)."""
+    if not tensors[0].is_contiguous() and tensors[0].mT.is_contiguous():
+        return torch.stack([t.mT for t in tensors]).mT
+    return torch.stack(tensors)
+
+
+def _stacked(tensors: list[Tensor]) -> Tensor:
+    """The tensors (all of one shape) as one [L, ...] tensor: the stack they are consecutive views of, as
+    the last inversion or step left them (no copy), else a new stack (after a checkpoint or a masked step)."""
+    first = tensors[0]
+    base = first._base
+    if base is not None and base.is_contiguous() and base.numel() == len(tensors) * first.numel():
+        size, stride = first.numel() * first.element_size(), first.stride()
+        if all(
+            t._base is base and t.stride() == stride and t.data_ptr() == base.data_ptr() + j * size
+            for j, t in enumerate(tensors)
+        ):
+            return base.as_strided(
+                (len(tensors), *first.shape), (first.numel(), *stride), base.storage_offset()
             )
-            pending = [(i, ks, st, new, step * nu.to(step.dtype)) for i, ks, st, new, step in pending]
-        pending = [
-            (i, ks, st, new, self._heavy_ball(group, step, st, new)) for i, ks, st, new, step in pending
-        ]
-        for i, ks, st, new, step in pending:
-            st.update(new)
-            for k, part in zip(ks, self._split(i, step), strict=True):
-                means[k].add_(part, alpha=-group["lr"])
+    return _stack(tensors)
 
 
 def _local_layers(estimator: KroneckerFactors) -> list[tuple[str, nn.Linear, Tensor]]:

@@ -73,7 +73,7 @@ def stepper(package, kind: str):
 
 
 def inverting(opt) -> bool:
-    """Whether the optimizer's next step inverts its factors (the first step and every ``inv_every`` after)."""
+    """Whether the optimizer's next step inverts its factors (the first, then every ``inv_every``)."""
     return opt is not None and opt.num_steps % CYCLE == 0
 
 
@@ -115,7 +115,8 @@ def main() -> None:
     adamw = statistics.median(times["adamw"][0])
     print(f"LanguageModel({CONFIG}), 1 thread, {args.rounds} rounds of {CYCLE} steps per method")
     print(
-        f"{'method':<14} {'ms/step':>8} {'×AdamW':>7} {'ops':>6} {'reads':>5} | {'inv ms':>7} {'ops':>6} {'reads':>5}"
+        f"{'method':<14} {'ms/step':>8} {'×AdamW':>7} {'ops':>6} {'reads':>5} | "
+        f"{'inv ms':>7} {'ops':>6} {'reads':>5}"
     )
     for k in methods:
         between, inv = times[k]

@@ -14,6 +14,8 @@ resumes on three, and ends where the uninterrupted two-rank run ends.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,6 +113,17 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
             Path(out).write_text(json.dumps({"results": results, "refusals": refusals, **extra}))
     finally:
         dist.destroy_process_group()
+    _exit_finished()
+
+
+def _exit_finished() -> None:
+    """End a worker that finished without the interpreter's teardown: there torch's C++ side aborted
+    intermittently under load ("terminate called without an active exception", SIGABRT, no Python frame,
+    after ``destroy_process_group``; a handful of the ~60 runs of this file made while the suite and a long
+    run shared the 2 cores). Everything the test reads was written and closed before."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _nan_on_one_rank(rank: int) -> dict:
@@ -259,6 +272,7 @@ def _checkpoint_worker(rank: int, world: int, store: str, plan: dict) -> None:
             Path(plan["out"]).write_text(json.dumps({"steps": opt.num_steps, "posterior": tensors}))
     finally:
         dist.destroy_process_group()
+    _exit_finished()
 
 
 def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_then_three_as_if_never_interrupted(tmp_path):

@@ -95,9 +95,6 @@ class IVON(VariationalOptimizer):
             dict(shift=group["weight_decay"], scale=float(group["data_size"])),
         )
 
-    def _group_wide(self, group):
-        return kl_clip_of(group) is not None  # the trust region's ν is one number for the group
-
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
         F.run_core(

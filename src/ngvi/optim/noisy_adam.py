@@ -162,9 +162,6 @@ class NoisyAdam(VariationalOptimizer):
             dict(shift=self.intrinsic_damping(group), scale=group["data_size"] / group["kl_weight"]),
         )
 
-    def _group_wide(self, group):
-        return kl_clip_of(group) is not None  # the trust region's ν is one number for the group
-
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
         F.run_core(

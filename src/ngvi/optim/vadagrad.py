@@ -84,9 +84,6 @@ class VadaGrad(VariationalOptimizer):
         kappa = group.get("kl_clip", AUTO)
         return KL_CLIP if isinstance(kappa, str) and kappa == AUTO else kappa
 
-    def _group_wide(self, group):
-        return self._kl_clip(group) is not None  # the trust region's ν is one number for the group
-
     def _update(self, group, means, grads, curvs, states):
         F.run_core(
             F.vadagrad_update_,

@@ -119,9 +119,6 @@ class VON(VariationalOptimizer):
             dict(shift=group["prior_prec"] / group["data_size"], scale=float(group["data_size"])),
         )
 
-    def _group_wide(self, group):
-        return kl_clip_of(group) is not None  # the trust region's ν is one number for the group
-
     def _update(self, group, means, grads, curvs, states):
         momentum = group["momentum"]
         F.run_core(

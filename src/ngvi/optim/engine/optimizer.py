@@ -225,11 +225,6 @@ class VariationalOptimizer(Optimizer):
         core, lists, hyper = self._precision_core(group, states)
         return TensorList(core(*lists, **hyper))
 
-    def _group_wide(self, group: dict[str, Any]) -> bool:
-        """Whether this step's update reduces over the whole group (a trust region's ν), so that it must see
-        the group in one call rather than cache-sized slices or chunks (the element-wise rules' default)."""
-        return False
-
     def _update(self, group, means: TensorList, grads: TensorList, curvs: TensorList | None, states) -> None:
         """Update μ (``means``, in place) and the state from the MC means ĝ and ĥ. ``state['step']`` is t."""
         raise NotImplementedError
@@ -563,8 +558,7 @@ class VariationalOptimizer(Optimizer):
                 states = [self.state[p] for p in s.params]
                 for state in states:
                     state["step"] += 1
-                whole = self.compile or self._group_wide(s.group)  # a group-wide ν: one call
-                for part in slices(s.params, self._elementwise and not whole):
+                for part in slices(s.params, self._elementwise and not self.compile):
                     means = TensorList(mixed_precision.mean(self, p) for p in s.params[part])
                     grads = TensorList(t.detach() for t in s.grads.tensors[part])
                     curvs = None if s.curvs is None else TensorList(s.curvs.tensors[part])
@@ -592,8 +586,7 @@ class VariationalOptimizer(Optimizer):
         b.gather()
         b.state["step"] += 1
         with contextlib.nullcontext() if bad is None else masked(b.written(), bad):
-            whole = self.compile or self._group_wide(s.group)
-            flat.update(b, lambda *args: self._update(s.group, *args), s.grads[0], s.curvs, whole)
+            flat.update(b, lambda *args: self._update(s.group, *args), s.grads[0], s.curvs, self.compile)
             b.write_back()
         b.sync_state()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 QUIET = {"RAY_DISABLE_IMPORT_WARNING": "1", "RAY_DEDUP_LOGS": "0", "NGVI_PROGRESS": "0"}
 OBJECT_STORE = 78_643_200  # the least Ray accepts (75 MiB)
+#: a line of Ray's C++ log: "[2026-11-28 00:41:11,374 E 4449 4604] task_manager.cc:1545: ..."
+RAY_LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] \d+ \d+\] ")
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +217,10 @@ def test_ctrl_c_exits_130_keeps_the_fits_leaves_no_ray_process_and_resumes(local
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert len(err.strip().splitlines()) == 1 and "rerun the same command to resume" in err, err
+    # Ray's own C++ log lines ("[2026-… E 4449 4604] task_manager.cc:…: Failed to push error to driver")
+    # can reach stderr while its workers are stopped; what ngvi prints is one line
+    ours_err = [line for line in err.strip().splitlines() if not RAY_LOG_LINE.match(line)]
+    assert len(ours_err) == 1 and "rerun the same command to resume" in ours_err[0], err
     deadline = time.monotonic() + 30
     while any(alive(p) for p in ours) and time.monotonic() < deadline:
         time.sleep(0.1)

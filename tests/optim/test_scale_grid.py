@@ -17,8 +17,7 @@ nothing else. The claims, per cell:
   start 1/√s₀, to a relative 10⁻⁵ (float32 rounding);
 * the first step's length ‖Δμ₁‖ ≤ √κ (10⁻⁴ relative) for the rules with the region.
 
-The analytic check (Bayesian linear regression, where q's optimum is known) is
-``test_the_mean_reaches_the_exact_posterior_mean``.
+The problem and the network are ``test_kfac_scale``'s.
 """
 
 from __future__ import annotations
@@ -27,12 +26,12 @@ import math
 
 import pytest
 import torch
-from torch import nn
+from test_kfac_scale import BATCH, N_PTS, net, problem
 
 import ngvi
 from ngvi.optim.engine.prior import KL_CLIP
 
-N_PTS, D, HIDDEN, BATCH, STEPS = 120, 4, 16, 20, 120
+STEPS = 120
 KINDS = (0.05, 0.3, 1.0, 3.0, "ce")
 SIZES = (100, 10_000, pytest.param(1_000_000, marks=pytest.mark.slow))
 #: every posterior rule with its defaults (VOGN hooks the model's layers); the K-FAC family: test_kfac_scale
@@ -48,22 +47,6 @@ MAKERS = {
 }
 #: the rules whose step the trust region caps (kl_clip="auto")
 CAPPED = ("von", "vogn", "vadagrad", "ivon", "noisy_adam")
-
-
-def problem(kind):
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(N_PTS, D, generator=gen)
-    f = torch.sin(x @ torch.randn(D, 1, generator=gen))
-    if kind == "ce":
-        y = (f.squeeze(1) + 1).mul(1.5).clamp(0, 2.999).floor().long()
-        return x, y, nn.functional.cross_entropy, 3
-    y = f + kind * torch.randn(N_PTS, 1, generator=gen)
-    return x, y, lambda out, t: (out - t).square().mean() / (2 * kind**2), 1
-
-
-def net(outputs: int) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(D, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, outputs))
 
 
 def train(make, kind, steps: int = STEPS):

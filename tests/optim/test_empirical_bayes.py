@@ -22,12 +22,13 @@ import math
 import pytest
 import torch
 from scipy.optimize import minimize_scalar
+from test_exactness import anneal
 
 import ngvi
 from ngvi.optim.engine.empirical_bayes import prior_precisions
 from optimizer_db import TRAINERS, assert_same, saved, trainers
 
-STEPS, BURN_IN, TOL = 3000, 500, 0.02
+STEPS, TOL = 3000, 0.02
 HUTCHINSON = "ignore:Using backward\\(\\) with create_graph=True"
 
 
@@ -100,15 +101,7 @@ def fit(rule: str, seed: int, scales: tuple[float, ...], eb, steps: int = STEPS)
         return loss
 
     for t in range(steps):
-        if t >= BURN_IN:  # test_exactness.py's schedule: the curvature EMA becomes a running average
-            k = t - BURN_IN
-            for group in opt.param_groups:
-                group["lr"] = 0.2 / (1 + k / 10)
-                step = 1 / (20 + k)
-                if "betas" in group:
-                    group["betas"] = (group["betas"][0], 1 - step)
-                else:
-                    group["beta"] = step
+        anneal(opt, t)  # test_exactness.py's schedule: the curvature EMA becomes a running average
         opt.step(closure)
     return x, y, tau, opt
 

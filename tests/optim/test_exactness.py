@@ -32,6 +32,22 @@ def linear_regression(seed: int = 0, n: int = 50, tau: float = 4.0, lam: float =
     return X, y, tau, lam, torch.linalg.solve(P, tau * X.T @ y), torch.diagonal(P)
 
 
+def anneal(opt, t: int) -> None:
+    """From ``BURN_IN`` on, lr 0.2/(1 + k/10) and the curvature's EMA weight 1/(20 + k) (k = t − BURN_IN):
+    the EMA becomes a running average, so q settles on the exact optimum. Hyperparameters edited mid-run,
+    as a scheduler would."""
+    if t < BURN_IN:
+        return
+    k = t - BURN_IN
+    for group in opt.param_groups:
+        group["lr"] = 0.2 / (1 + k / 10)
+        step = 1 / (20 + k)
+        if "betas" in group:
+            group["betas"] = (group["betas"][0], 1 - step)
+        else:
+            group["beta"] = step
+
+
 def fit(make_opt, hessian_graph: bool = False):
     X, y, tau, lam, mean, prec = linear_regression()
     n = X.shape[0]
@@ -46,15 +62,7 @@ def fit(make_opt, hessian_graph: bool = False):
         return loss
 
     for t in range(STEPS):
-        if t >= BURN_IN:
-            k = t - BURN_IN
-            for group in opt.param_groups:  # hyperparameters edited mid-run, as a scheduler would
-                group["lr"] = 0.2 / (1 + k / 10)
-                step = 1 / (20 + k)
-                if "betas" in group:
-                    group["betas"] = (group["betas"][0], 1 - step)
-                else:
-                    group["beta"] = step
+        anneal(opt, t)
         opt.step(closure)
     post = opt.posterior()
     return post.mean[0][0], post.variance[0][0], mean, prec

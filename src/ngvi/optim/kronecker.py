@@ -58,7 +58,7 @@ from . import _nng_prior as nng
 from . import functional as F
 from ._kfac_local import SAMPLINGS, LocalPreactivations
 from .engine.optimizer import VariationalOptimizer
-from .engine.prior import AUTO, KL_CLIP
+from .engine.prior import AUTO, KL_CLIP, check_kl_clip
 
 __all__ = ["DEFAULTS", "KL_CLIP", "KroneckerFamily"]
 
@@ -118,8 +118,7 @@ class KroneckerFamily(VariationalOptimizer):
         if "stats_every" in group:
             check.positive_int("stats_every", group["stats_every"])
         check.positive_int("inv_every", group["inv_every"])
-        if group.get("kl_clip", AUTO) not in (AUTO, None):
-            check.positive("kl_clip", group["kl_clip"], allow_inf=True)
+        check_kl_clip(group)
 
     def _check_prior(self, group: dict[str, Any]) -> None:
         nng.check_prior(group)
@@ -173,16 +172,6 @@ class KroneckerFamily(VariationalOptimizer):
         m = sum(torch.vdot(s.reshape(-1), v.reshape(-1)) for s, v in zip(steps, vs, strict=True))
         m = m.float().clamp_min(0.0).mul_(group["lr"] ** 2)
         return torch.rsqrt(m / KroneckerFamily._kl_clip(group)).clamp_(max=1.0)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As the engine's; a checkpoint from before ``kl_clip`` existed resumes with ``"auto"``."""
-        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
-        if isinstance(groups, list) and any(isinstance(g, dict) and "kl_clip" not in g for g in groups):
-            groups = [
-                {**g, "kl_clip": AUTO} if isinstance(g, dict) and "kl_clip" not in g else g for g in groups
-            ]
-            state_dict = {**state_dict, "param_groups": groups}
-        super().load_state_dict(state_dict)
 
     # ----------------------------------------------------------------------------------------------------
     # Layer layout: a layer's parameters as one [G, o, d'] block (weight columns, then the bias column)

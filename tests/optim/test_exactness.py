@@ -48,8 +48,8 @@ def anneal(opt, t: int) -> None:
             group["beta"] = step
 
 
-def fit(make_opt, hessian_graph: bool = False):
-    X, y, tau, lam, mean, prec = linear_regression()
+def fit(make_opt, hessian_graph: bool = False, tau: float = 4.0):
+    X, y, tau, lam, mean, prec = linear_regression(tau=tau)
     n = X.shape[0]
     model = torch.nn.Linear(4, 1, bias=False).double()
     torch.nn.init.zeros_(model.weight)

@@ -39,7 +39,15 @@ BADAM ("Adam as a Laplace approximation", Alg. 1, eq. 12); Blundell et al. 2015 
 from __future__ import annotations
 
 from ._capture import run_core
-from .blocks import adam_moments_, adam_step_, bias_corrections, riemannian_ema_, scale_, trust_region
+from .blocks import (
+    adam_moments_,
+    adam_step_,
+    bias_corrections,
+    riemannian_ema_,
+    scale_,
+    sq_length,
+    trust_region,
+)
 from .kfac import kfac_factor_ema, kfac_natural_step
 from .precisions import (
     diagonal_sigma,
@@ -80,6 +88,7 @@ __all__ = [
     "scale_",
     "scaled_precision",
     "shifted_precision",
+    "sq_length",
     "trust_region",
     "vadagrad_update_",
     "vadam_update_",

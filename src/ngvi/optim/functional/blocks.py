@@ -88,15 +88,23 @@ def bias_corrections(beta: float, states: list[dict]) -> list[float]:
     return [1 - beta ** st["step"] for st in states]
 
 
-def trust_region(numer: Tensors, denom: Tensors, *, lr: Num, kappa: Num) -> Tensor:
-    r"""ν = min(1, √(κ/m)), m = α²·Σ uᵢ²/Pᵢ: the squared length, in the diagonal metric P that preconditions
-    it, of the natural step αu/P (Ba, Grosse & Martens 2017's KL clipping, as the K-FAC family's
-    ``kl_clip``). With P in per-example units (ngvi's starts: P₀ = 1) the first step is ‖Δμ‖ ≤ √κ whatever
-    the loss's scale. A 0-dim tensor, so no host read; exactly 1.0 where the cap does not bind, so the step
-    it scales is then bitwise the uncapped one. m = 0 gives ν = 1; a non-finite m a non-finite ν (the
-    step's own check catches it)."""
-    m = sum((u.square() / p).sum() for u, p in zip(numer, denom, strict=True))  # in the state's dtype
+def trust_region(m: Tensor, *, lr: Num, kappa: Num) -> Tensor:
+    r"""ν = min(1, √(κ/(α²m))), m = Σ uᵢ²/Pᵢ (from :func:`sq_length`): m·α² is the squared length, in the
+    diagonal metric P that preconditions it, of the natural step αu/P (Ba, Grosse & Martens 2017's KL
+    clipping, as the K-FAC family's ``kl_clip``). With P in per-example units (ngvi's starts: P₀ = 1) the
+    first step is ‖Δμ‖ ≤ √κ whatever the loss's scale. A 0-dim tensor, so no host read; exactly 1.0 where
+    the cap does not bind, so the step it scales is then bitwise the uncapped one. m = 0 gives ν = 1; a
+    non-finite m a non-finite ν (the step's own check catches it)."""
     return torch.rsqrt(m * (lr * lr) / kappa).clamp_(max=1.0)
+
+
+def sq_length(a: Tensors, b: Tensors, weights: Nums | None = None) -> Tensor:
+    """Σᵢ wᵢ⟨aᵢ, bᵢ⟩, one dot product per tensor pair (no temporaries; in their dtype): the trust region's
+    m as ⟨u, u/P⟩ or ⟨Δ, Δ·P⟩, whichever the caller has at hand."""
+    dots = [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b, strict=True)]
+    if weights is not None:
+        dots = [d * w for d, w in zip(dots, weights, strict=True)]
+    return sum(dots)
 
 
 def scale_(tensors: Tensors, nu: Tensor) -> None:

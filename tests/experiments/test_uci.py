@@ -188,6 +188,7 @@ def test_bo_evaluates_the_warm_starts_first(tmp_path):
     assert seen[1] == pytest.approx({"noise_prec": math.exp(9.0), "prior_prec": 1.0})  # clipped to log τ ≤ 9
     assert best["noise_prec"] == pytest.approx(math.exp(2.0)) and best["cv_loglik"] == pytest.approx(0.0)
     assert best["noise_prec_box"] == [0.0, 9.0]  # recorded, so that a report can tell an edge
+    assert best["prior_prec_box"] == [-4.0, 8.0]
 
 
 def test_tau_on_the_edge_of_its_box_is_marked():
@@ -205,14 +206,18 @@ def test_tau_on_the_edge_of_its_box_is_marked():
 
 
 def test_prior_prec_on_the_edge_of_its_box_is_marked():
-    """λ's box is Khan et al.'s, log λ ∈ [−4, 4] ([−3, 4] for naval and power); a tuned λ on a bound is
-    marked in the table, MC dropout's fixed λ (Gal's 10⁻⁴) never."""
-    assert search_space("power-plant", METHODS["vadam"])["prior_prec"] == LogUniform(-3.0, 4.0)
+    """λ's box is log λ ∈ [−4, 8] ([−3, 8] for naval and power; Khan et al.'s top e⁴ held 3 cells, and
+    entries without a recorded box were tuned in their [−4, 4]); a tuned λ on a bound is marked in the
+    table, MC dropout's fixed λ (Gal's 10⁻⁴) never."""
+    assert search_space("power-plant", METHODS["vadam"])["prior_prec"] == LogUniform(-3.0, 8.0)
     entry = {"noise_prec": 10.0, "source": "bo"}
     assert prior_prec_at_bound("yacht", {**entry, "prior_prec": 54.598150033144236}) == 4.0
     assert prior_prec_at_bound("kin8nm", {**entry, "prior_prec": 0.01831563888873418}) == -4.0
     assert prior_prec_at_bound("power-plant", {**entry, "prior_prec": 0.049787068367863944}) == -3.0
     assert prior_prec_at_bound("yacht", {**entry, "prior_prec": 0.049787068367863944}) is None
+    wider = {**entry, "prior_prec_box": [-4.0, 8.0]}
+    assert prior_prec_at_bound("yacht", {**wider, "prior_prec": 54.598150033144236}) is None
+    assert prior_prec_at_bound("yacht", {**wider, "prior_prec": math.exp(8.0)}) == 8.0
     edge = _prior_prec_cell("yacht/bbvi", {**entry, "prior_prec": math.exp(4.0)})
     assert edge == "54.6 **at e^4 (box edge)**"
     assert _prior_prec_cell("yacht/mc_dropout", {**entry, "prior_prec": 1e-4}) == "0.0001"

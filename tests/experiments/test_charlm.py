@@ -59,3 +59,27 @@ def test_quick_run_learns_and_reports_every_method(tmp_path, data_dir):
     table = (out / "table.md").read_text()
     assert "| VadaGrad |" in table and "as SGD" in table
     assert (out / "charlm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_vadagrad_init_prec_option_reaches_the_optimizer_and_only_vadagrad():
+    model = CharLSTM(5, 4, 1, 3)
+    default = methods.build("vadagrad", model, 1000, seed=0)
+    chosen = methods.build("vadagrad", model, 1000, seed=0, vadagrad_init_prec=10.0)
+    assert default.param_groups[0]["init_prec"] == 1e4 and chosen.param_groups[0]["init_prec"] == 10.0
+    assert methods.OPTIONS["vadagrad"].options["init_prec"] == 1e4  # the table is not edited in place
+    adam = methods.build("adam", model, 1000, seed=0, vadagrad_init_prec=10.0)
+    assert adam.defaults["lr"] == methods.OPTIONS["adam"].options["lr"]
+
+
+def test_vadagrad_init_prec_enters_the_config_only_when_given():
+    """The committed runs' configs lack the key, so a resumed default run still matches them."""
+    import argparse
+
+    from ngvi.experiments.charlm.experiment import EXPERIMENT
+
+    parser = argparse.ArgumentParser()
+    EXPERIMENT.add_arguments(parser)
+    assert "vadagrad_init_prec" not in EXPERIMENT.config(parser.parse_args([]))
+    assert EXPERIMENT.config(parser.parse_args(["--vadagrad-init-prec", "1"]))["vadagrad_init_prec"] == 1.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--vadagrad-init-prec", "0"])

@@ -65,7 +65,7 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     name, epochs, seed = spec["method"], spec["epochs"], spec["seed"]
     torch.manual_seed(seed)
     model = CharLSTM(len(corpus.vocab), spec["hidden"], spec["layers"], spec["embedding"])
-    trainer = methods.build(name, model, corpus.train_chars, seed)
+    trainer = methods.build(name, model, corpus.train_chars, seed, spec.get("vadagrad_init_prec"))
     scale = methods.loss_scale(name, corpus.train_chars)
     steps_per_epoch = -(-corpus.x_train.shape[0] // BATCH_SIZE)
     curves: dict[str, list[float]] = {"test_loss": [], "test_error": [], "train_loss": []}
@@ -131,6 +131,13 @@ class CharLM(Experiment):
                 default=None,
                 help=f"{what} (default {DEFAULTS[key]}; --quick: {QUICK[key]})",
             )
+        parser.add_argument(
+            "--vadagrad-init-prec",
+            type=types.positive_float,
+            default=None,
+            help="VadaGrad's initial precision s₁ (default 1e4; App. M's 1e-4 makes the first sample's "
+            "gradient non-finite)",
+        )
         types.add_quick(
             parser,
             "80k training characters, 5k test, 1 layer of 32 (embedding 16), 5 epochs, 1 seed: a smoke run "
@@ -139,11 +146,14 @@ class CharLM(Experiment):
         types.add_data_dir(parser)
 
     def config(self, args: argparse.Namespace) -> dict[str, Any]:
-        return {
+        config = {
             "methods": list(args.methods),
             **types.with_quick(args, DEFAULTS, QUICK),  # an explicit option wins over --quick
             "embedding": QUICK_EMBEDDING if args.quick else EMBEDDING,
         }
+        if args.vadagrad_init_prec is not None:  # only when given: the committed runs' configs still match
+            config["vadagrad_init_prec"] = args.vadagrad_init_prec
+        return config
 
     def jobs(self, args: argparse.Namespace, run: Run) -> list[Job]:
         config = self.config(args)

@@ -47,9 +47,14 @@ OPTIONS: dict[str, Setting] = {
 TORCH = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
 
-def build(name: str, model: nn.Module, train_chars: int, seed: int) -> Any:
-    """The trainer of ``name`` for ``model``, with :data:`OPTIONS`' settings."""
+def build(
+    name: str, model: nn.Module, train_chars: int, seed: int, vadagrad_init_prec: float | None = None
+) -> Any:
+    """The trainer of ``name`` for ``model``, with :data:`OPTIONS`' settings (VadaGrad's s₁ replaced by
+    ``vadagrad_init_prec`` where given)."""
     options = OPTIONS[name].options
+    if name == "vadagrad" and vadagrad_init_prec is not None:
+        options = {**options, "init_prec": vadagrad_init_prec}
     if name in TORCH:
         return TORCH[name](model.parameters(), **options)
     return METHODS[name].build(model, train_chars, seed=seed, **options)

@@ -235,3 +235,21 @@ def test_precision_core_gives_the_engines_sigma(info):
             assert all(
                 torch.equal(a, b) for a, b in zip([*got_sqrt, *got_sigma], [*sqrt_prec, *sigma], strict=True)
             )
+
+
+def test_summed_is_bitwise_the_same_for_any_thread_count():
+    """The trust region's m: torch's flat sum of these 75,750 values differs in the last bit between 1 and
+    2 threads; ``summed`` (rows of 4,096, then their sums) does not, and agrees with a float64 sum to 1e-6."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(75_750, generator=gen), torch.randn(3, 40_000, generator=gen), torch.randn(7)]
+    before = torch.get_num_threads()
+    seen = set()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            seen.add(F.summed(tensors, [1.0, 2.0, 3.0]).item())
+    finally:
+        torch.set_num_threads(before)
+    exact = sum(w * t.double().sum().item() for t, w in zip(tensors, (1.0, 2.0, 3.0), strict=True))
+    assert len(seen) == 1
+    assert seen.pop() == pytest.approx(exact, rel=1e-6)

@@ -45,7 +45,7 @@ from .blocks import (
     bias_corrections,
     riemannian_ema_,
     scale_,
-    sq_length,
+    summed,
     trust_region,
 )
 from .kfac import kfac_factor_ema, kfac_natural_step
@@ -88,7 +88,7 @@ __all__ = [
     "scale_",
     "scaled_precision",
     "shifted_precision",
-    "sq_length",
+    "summed",
     "trust_region",
     "vadagrad_update_",
     "vadam_update_",

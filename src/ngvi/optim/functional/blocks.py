@@ -89,7 +89,7 @@ def bias_corrections(beta: float, states: list[dict]) -> list[float]:
 
 
 def trust_region(m: Tensor, *, lr: Num, kappa: Num) -> Tensor:
-    r"""ν = min(1, √(κ/(α²m))), m = Σ uᵢ²/Pᵢ (from :func:`sq_length`): m·α² is the squared length, in the
+    r"""ν = min(1, √(κ/(α²m))), m = Σ uᵢ²/Pᵢ (from :func:`summed`): m·α² is the squared length, in the
     diagonal metric P that preconditions it, of the natural step αu/P (Ba, Grosse & Martens 2017's KL
     clipping, as the K-FAC family's ``kl_clip``). With P in per-example units (ngvi's starts: P₀ = 1) the
     first step is ‖Δμ‖ ≤ √κ whatever the loss's scale. A 0-dim tensor, so no host read; exactly 1.0 where
@@ -98,13 +98,30 @@ def trust_region(m: Tensor, *, lr: Num, kappa: Num) -> Tensor:
     return torch.rsqrt(m * (lr * lr) / kappa).clamp_(max=1.0)
 
 
-def sq_length(a: Tensors, b: Tensors, weights: Nums | None = None) -> Tensor:
-    """Σᵢ wᵢ⟨aᵢ, bᵢ⟩, one dot product per tensor pair (no temporaries; in their dtype): the trust region's
-    m as ⟨u, u/P⟩ or ⟨Δ, Δ·P⟩, whichever the caller has at hand."""
-    dots = [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b, strict=True)]
+#: the rows a CPU sum is cut into: each row is reduced by one thread, so the result does not depend on how
+#: many there are (torch's flat ``sum`` splits by the thread count: 75,750 float32 values summed with 1 and
+#: 2 threads differ in the last bit)
+SUM_BLOCK = 4096
+
+
+def summed(tensors: Tensors, weights: Nums | None = None) -> Tensor:
+    """Σᵢ wᵢ Σ tensorᵢ, a 0-dim tensor in their dtype: the trust region's m from the products uᵢ²/Pᵢ (or
+    Δᵢuᵢ) the caller made in one temporary. On the CPU each sum is taken in rows of :data:`SUM_BLOCK`, then
+    over the rows' sums, so a step is bitwise the same for any thread count (``noise="chunked"``'s
+    promise)."""
+    sums = [_sum_by_rows(t) if t.device.type == "cpu" else t.sum() for t in tensors]
     if weights is not None:
-        dots = [d * w for d, w in zip(dots, weights, strict=True)]
-    return sum(dots)
+        sums = [x * w for x, w in zip(sums, weights, strict=True)]
+    return sum(sums)
+
+
+def _sum_by_rows(t: Tensor) -> Tensor:
+    t = t.reshape(-1)
+    while t.numel() > SUM_BLOCK:
+        whole = t.numel() - t.numel() % SUM_BLOCK
+        rows = t[:whole].view(-1, SUM_BLOCK).sum(1)
+        t = torch.cat([rows, t[whole:].sum().reshape(1)]) if whole < t.numel() else rows
+    return t.sum()
 
 
 def scale_(tensors: Tensors, nu: Tensor) -> None:

@@ -18,6 +18,9 @@ placeholder, how to recompute the value from a results.json (``values = [{expr =
   the READMEs do.
 * ``results`` (claim level, optional): the results.json, relative to the README's folder; default
   ``results.json``.
+* ``other`` (claim level, optional): a second results.json (relative to the README's folder), walked by
+  ``osel(...)`` as ``sel`` walks the first: a README that compares a run with an earlier one (kept beside
+  it) has both sides, and tests across them (``paired_p(sel(...), osel(...))``), recomputed.
 """
 
 from __future__ import annotations
@@ -181,17 +184,20 @@ def _eval(node: ast.AST, funcs: dict[str, Callable[..., Any]]) -> Any:
     raise ValueError(f"not allowed in a claim's expression: {ast.unparse(node)!r}")
 
 
-def evaluate(expr: str, results: Any) -> Any:
-    """The value of one claim expression over ``results`` (a loaded results.json)."""
+def evaluate(expr: str, results: Any, other: Any = None) -> Any:
+    """The value of one claim expression over ``results`` (a loaded results.json) and, through ``osel``,
+    ``other`` (the claim's second results.json, if it names one)."""
     funcs = {**FUNCTIONS, "sel": lambda *segs: select(results, *segs)}
+    if other is not None:
+        funcs["osel"] = lambda *segs: select(other, *segs)
     return _eval(ast.parse(expr.strip(), mode="eval"), funcs)
 
 
-def value(spec: dict[str, Any], results: Any) -> Any:
+def value(spec: dict[str, Any], results: Any, other: Any = None) -> Any:
     """One placeholder's value: ``expr``, or ``over`` of ``expr`` evaluated for every item of ``each``."""
     if "each" not in spec:
-        return evaluate(spec["expr"], results)
-    per_item = [evaluate(spec["expr"].replace("{e}", item), results) for item in spec["each"]]
+        return evaluate(spec["expr"], results, other)
+    per_item = [evaluate(spec["expr"].replace("{e}", item), results, other) for item in spec["each"]]
     return FUNCTIONS[spec.get("over", "sum")](np.asarray(per_item, dtype=float))
 
 
@@ -207,7 +213,7 @@ def render(spec: dict[str, Any], x: Any) -> str:
     return out.replace("-", spec["minus"]) if "minus" in spec else out
 
 
-_KEYS = {"readme", "text", "values", "results", "note"}
+_KEYS = {"readme", "text", "values", "results", "other", "note"}
 _VALUE_KEYS = {"expr", "fmt", "each", "over", "minus"}
 
 
@@ -217,7 +223,9 @@ def load_claims(path: Path = CLAIMS) -> list[dict[str, Any]]:
     for i, c in enumerate(claims):
         where = f"{path.name}, claim {i + 1} ({c.get('text', '?')[:40]!r})"
         if not {"readme", "text", "values"} <= c.keys() or c.keys() - _KEYS:
-            raise ValueError(f"{where}: needs readme, text, values (optional results, note); got {sorted(c)}")
+            raise ValueError(
+                f"{where}: needs readme, text, values (optional results, other, note); got {sorted(c)}"
+            )
         for v in c["values"]:
             if "expr" not in v or v.keys() - _VALUE_KEYS:
                 raise ValueError(f"{where}: a value needs expr (optional {sorted(_VALUE_KEYS - {'expr'})})")
@@ -232,6 +240,10 @@ def results_path(claim: dict[str, Any], root: Path = ROOT) -> Path:
     return (root / claim["readme"]).parent / claim.get("results", "results.json")
 
 
+def other_path(claim: dict[str, Any], root: Path = ROOT) -> Path | None:
+    return (root / claim["readme"]).parent / claim["other"] if "other" in claim else None
+
+
 @functools.lru_cache(maxsize=8)
 def _load(path: Path) -> Any:  # several claims share a results.json of a few MB
     return json.loads(path.read_text(encoding="utf-8"))
@@ -240,9 +252,11 @@ def _load(path: Path) -> Any:  # several claims share a results.json of a few MB
 def check(claim: dict[str, Any], root: Path = ROOT) -> str | None:
     """None when the README holds the claim's text with every value recomputed; else what differs."""
     results = _load(results_path(claim, root))
+    second = other_path(claim, root)
+    other = None if second is None else _load(second)
     text = " ".join(claim["text"].split())  # the README is compared with its line breaks as spaces
     for i, spec in enumerate(claim["values"]):
-        text = text.replace("{" + str(i) + "}", render(spec, value(spec, results)))
+        text = text.replace("{" + str(i) + "}", render(spec, value(spec, results, other)))
     readme = (root / claim["readme"]).read_text(encoding="utf-8")
     if text in " ".join(readme.split()):
         return None

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from claims_check import ROOT, check, evaluate, load_claims, results_path, t_test_p, value
+from claims_check import ROOT, check, evaluate, load_claims, other_path, results_path, t_test_p, value
 
 CLAIMS = load_claims()
 
@@ -28,8 +28,9 @@ def test_the_claims_cover_the_results_folders() -> None:
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=[_id(c) for c in CLAIMS])
 def test_readme_states_the_recomputed_number(claim: dict[str, Any]) -> None:
-    if not results_path(claim).is_file():
-        pytest.skip(f"{results_path(claim).relative_to(ROOT)} is absent: nothing to recompute")
+    for path in (results_path(claim), other_path(claim)):
+        if path is not None and not path.is_file():
+            pytest.skip(f"{path.relative_to(ROOT)} is absent: nothing to recompute")
     assert check(claim) is None, check(claim)
 
 
@@ -63,6 +64,29 @@ def test_checker_fails_when_the_data_moves(tmp_path: Path) -> None:
 def test_checker_fails_when_the_prose_moves(tmp_path: Path) -> None:
     claim = _folder(tmp_path, "Here Vadam's RMSE is about 2 over 3 splits.\n", [1.0, 2.0, 3.0])
     assert check(claim, root=tmp_path) is not None
+
+
+def test_other_compares_a_run_with_an_earlier_one(tmp_path: Path) -> None:
+    claim = _folder(tmp_path, "", [1.0, 2.0, 3.0])
+    before = {"runs": {f"vadam/yacht/{i}": {"rmse": x} for i, x in enumerate([2.0, 4.0, 3.0])}}
+    (tmp_path / "r" / "before.json").write_text(json.dumps(before), encoding="utf-8")
+    # the paired differences 1 − 2, 2 − 4, 3 − 3: mean −1, s.d. 1, t = −√3 on 2 degrees of freedom, whose
+    # two-sided p is 1 − |t|/√(2 + t²) (Student's t with 2 d.o.f. has that closed-form CDF)
+    exact = 1.0 - 3.0**0.5 / 5.0**0.5
+    claim |= {
+        "other": "before.json",
+        "text": "RMSE {0} before, {1} now (paired p = {2})",
+        "values": [
+            {"expr": "mean(osel('runs', 'vadam/yacht/*', 'rmse'))", "fmt": ".2f"},
+            {"expr": "mean(sel('runs', 'vadam/yacht/*', 'rmse'))", "fmt": ".2f"},
+            {"expr": "paired_p(sel('runs', 'vadam/yacht/*', 'rmse'), osel('runs', 'vadam/yacht/*', 'rmse'))",
+             "fmt": ".4f"},
+        ],
+    }  # fmt: skip
+    (tmp_path / "r" / "README.md").write_text(f"RMSE 3.00 before, 2.00 now (paired p = {exact:.4f})")
+    assert check(claim, root=tmp_path) is None
+    with pytest.raises(ValueError, match="unknown function 'osel'"):
+        evaluate("mean(osel('runs', 'vadam/yacht/*', 'rmse'))", {"runs": {}})
 
 
 def test_each_and_over_count_per_item() -> None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from ngvi.experiments.calibration import measure, problems
 from ngvi.experiments.calibration.experiment import METHOD_NAMES, applies, nng_full_limit
-from ngvi.experiments.calibration.report import verdicts
+from ngvi.experiments.calibration.report import cell, label, problem_table, summary_cell, verdicts
 from ngvi.experiments.cli import main
+from ngvi.experiments.core.report import markdown_table
 
 N = 40_000
 
@@ -178,3 +181,26 @@ def test_every_posterior_rule_of_the_registry_is_measured():
     from ngvi.experiments.core.methods import METHODS
 
     assert set(METHODS) - set(METHOD_NAMES) == {"mc_dropout", "kfac"}
+
+
+def test_the_committed_tables_are_the_reports_of_the_committed_results():
+    """docs/results/calibration: table.md's per-problem tables and its summary (the criteria met and the mean
+    cost) are what the report computes from the committed results.json, and the README's summary is table.md's
+    (the README's prose is checked by tests/test_results_claims.py)."""
+    folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "calibration"
+    if not (folder / "results.json").is_file():
+        pytest.skip("docs/results/calibration/results.json is absent")
+    runs = json.loads((folder / "results.json").read_text())["runs"]
+    names = list(problems.PROBLEMS)
+    cells = {p: {m: cell(runs, p, m, 3) for m in METHOD_NAMES} for p in names}
+    rows = []
+    for m in METHOD_NAMES:
+        costs = [cells[p][m]["cost"] for p in names if cells[p][m] is not None and "cost" in cells[p][m]]
+        summary = [summary_cell(problems.PROBLEMS[p].task, m, cells[p][m]) for p in names]
+        rows.append([label(m), f"{np.mean(costs):.1f}", *summary])
+    body = markdown_table(["method", "train cost × MAP (mean)", *names], rows)
+    table = (folder / "table.md").read_text()
+    assert body in table
+    assert body in (folder / "README.md").read_text()
+    for p in names:
+        assert problem_table(p, list(METHOD_NAMES), cells[p]) in table

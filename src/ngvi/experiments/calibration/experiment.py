@@ -84,9 +84,7 @@ def build(method: str, model: nn.Module, problem: Problem, seed: int) -> Any:
     elif method != "map":  # MAP draws no noise
         options["seed"] = seed
     if METHODS[method].trainer_class().__name__ in RECORDED_WITHOUT_REGION:
-        options["kl_clip"] = (
-            "auto"  # the defaults are what this study measures (its committed run predates it)
-        )
+        options["kl_clip"] = "auto"  # the defaults are what this study measures
     return METHODS[method].build(model, problem.n_train, **options)
 
 

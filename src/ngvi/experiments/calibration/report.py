@@ -203,9 +203,9 @@ def _bar(
     low, high = limits
     shown = min(max(mean, low), high)
     ax.barh(y, shown, color=colour, xerr=se if math.isfinite(se) and shown == mean else None)
-    if shown != mean:
+    if shown != mean:  # past the top: inside the full bar; below the bottom: no bar to write on
         ax.text(shown, y, f" {mean:.3g} ", va="center", ha="right" if mean > high else "left", fontsize=7,
-                color="white", fontweight="bold")  # fmt: skip
+                color="white" if mean > high else "black", fontweight="bold")  # fmt: skip
     elif label_small and abs(mean) < 0.02 * (high - low):  # a bar too short to see
         ax.text(mean, y, f" {mean:.2g}", va="center", fontsize=7)
 

@@ -149,6 +149,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "log": lambda x: np.log(x),
     "sqrt": lambda x: np.sqrt(x),
     "array": lambda *x: np.asarray(x, dtype=float),
+    "cat": lambda *xs: np.concatenate([np.asarray(x, dtype=float) for x in xs]),
     "one": _one,
     "last": lambda x: x[-1],
     "percentile": lambda x, q: float(np.percentile(x, q)),

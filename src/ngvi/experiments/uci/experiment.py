@@ -278,11 +278,13 @@ class UCI(Experiment):
             f"Fitting time, summed over each method's fits on one core (tuning not included; with 2 worker "
             f"processes the wall time is about half): {', '.join(fit_minutes)} min.  \n"
             "λ (prior precision) and τ (noise precision, standardised units) were tuned on split 0 of each "
-            "data set and reused for every split. τ marked **at e^b (box edge)** sits on a bound of the BO "
-            "box it was tuned in (Khan et al.'s: log τ ≤ 5): that set's and method's log-likelihood is set "
-            "by the bound, not by the fit. λ marked so sits on a bound of its box (log λ in [−4, 4], "
-            "[−3, 4] for naval and power; never widened): the BO wanted a prior stronger or weaker than it "
-            "allows.\n\n" + markdown_table(["data set / method", "λ", "τ", "dropout", "tuned by"], hp_rows)
+            "data set and reused for every split. An entry's BO box is the one it records in `tuned.json` "
+            "(`noise_prec_box`: log τ ≤ 9; `prior_prec_box`: log λ ≤ 8), else Khan et al.'s (log τ ≤ 5; "
+            "log λ in [−4, 4], [−3, 4] for naval and power). "
+            "τ marked **at e^b (box edge)** sits on a bound of its box: that set's and method's "
+            "log-likelihood is set by the bound, not by the fit. λ marked so sits on a bound of its box: the "
+            "BO wanted a prior stronger or weaker than it allows.\n\n"
+            + markdown_table(["data set / method", "λ", "τ", "dropout", "tuned by"], hp_rows)
         )
         (out / "table.md").write_text(build_table(results, args.datasets, args.methods, header))
         plot_curves(results, args.datasets, args.methods, out / "curves.png")

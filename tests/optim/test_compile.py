@@ -27,6 +27,7 @@ from torch._dynamo.utils import counters
 
 import ngvi
 from ngvi.baselines import BBVI
+from ngvi.optim.engine.empirical_bayes import EmpiricalBayes
 
 N = 64
 STEPS = 20
@@ -98,3 +99,28 @@ def test_compiled_rule_agrees_with_eager_and_does_not_recompile(name):
     for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
         assert clone.compile is True
         assert clone.state_dict()["ngvi"]["num_steps"] == STEPS
+
+
+@pytest.mark.parametrize("name", ["vadam", "ivon"])
+def test_a_prior_learned_by_empirical_bayes_does_not_recompile(name):
+    """Empirical Bayes writes a new λ into the group every ``every`` steps (IVON: as weight_decay = λ/N);
+    the compiled core reads hyperparameters as tensors, so a new value is a new input, not a new graph."""
+    cls = {"vadam": ngvi.Vadam, "ivon": ngvi.IVON}[name]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    opt = cls(model.parameters(), 64, seed=0, compile=True, empirical_bayes=EmpiricalBayes(every=5))
+    key = "weight_decay" if name == "ivon" else "prior_prec"
+
+    def closure():
+        opt.zero_grad()
+        loss = (model(x) - y).square().mean()
+        loss.backward()
+        return loss
+
+    seen = set()
+    for i in range(40):
+        with torch._dynamo.config.patch(error_on_recompile=True) if i >= 2 else contextlib.nullcontext():
+            opt.step(closure)
+        seen.add(float(opt.param_groups[0][key]))
+    assert len(seen) >= 5, seen  # λ did change, so the test would have seen a recompile

@@ -89,7 +89,7 @@ def bias_corrections(beta: float, states: list[dict]) -> list[float]:
 
 
 def trust_region(m: Tensor, *, lr: Num, kappa: Num) -> Tensor:
-    r"""ν = min(1, √(κ/(α²m))), m = Σ uᵢ²/Pᵢ (from :func:`summed`): m·α² is the squared length, in the
+    r"""ν = min(1, √(κ/(α²m))), m = Σ uᵢ²/Pᵢ (:func:`natural_sq_length`): m·α² is the squared length, in the
     diagonal metric P that preconditions it, of the natural step αu/P (Ba, Grosse & Martens 2017's KL
     clipping, as the K-FAC family's ``kl_clip``). With P in per-example units (ngvi's starts: P₀ = 1) the
     first step is ‖Δμ‖ ≤ √κ whatever the loss's scale. A 0-dim tensor, so no host read; exactly 1.0 where
@@ -113,6 +113,11 @@ def summed(tensors: Tensors, weights: Nums | None = None) -> Tensor:
     if weights is not None:
         sums = [x * w for x, w in zip(sums, weights, strict=True)]
     return sum(sums)
+
+
+def natural_sq_length(numer: Tensors, denom: Tensors, weights: Nums | None = None) -> Tensor:
+    """m = Σᵢ wᵢ Σ uᵢ²/Pᵢ for :func:`trust_region`, as ⟨u, u/P⟩: one temporary per tensor (:func:`summed`)."""
+    return summed(_div(TensorList(numer), denom).mul_(numer), weights)
 
 
 def _sum_by_rows(t: Tensor) -> Tensor:

@@ -18,7 +18,15 @@ from ._capture import (
     _div,
     _mul,
 )
-from .blocks import adam_moments_, adam_step_, riemannian_ema_, scale_, summed, trust_region
+from .blocks import (
+    adam_moments_,
+    adam_step_,
+    natural_sq_length,
+    riemannian_ema_,
+    scale_,
+    summed,
+    trust_region,
+)
 
 
 def vadam_update_(
@@ -108,7 +116,7 @@ def von_update_(
     step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
     precision = _add(s, prior_tilde)  # s_{t+1} + λ̃
     if kl_clip is not None:
-        scale_(step, trust_region(summed(_div(step, precision).mul_(step)), lr=lr, kappa=kl_clip))
+        scale_(step, trust_region(natural_sq_length(step, precision), lr=lr, kappa=kl_clip))
     if momentum_buffer is None:
         _addcdiv_(mu, step, precision, -lr)
         return
@@ -189,7 +197,7 @@ def noisy_adam_update_(
     precision = _add(TensorList(fisher), gamma_in + damping)
     numer = TensorList(exp_avg)
     if kl_clip is not None:  # m = Σ m̂²/P with m̂ = m/(1−β₁ᵏ); ν divides the temporary P (exact where ν = 1)
-        nu = trust_region(summed(_div(numer, precision).mul_(numer), [1 / (b * b) for b in bias1]),
+        nu = trust_region(natural_sq_length(numer, precision, [1 / (b * b) for b in bias1]),
                           lr=lr, kappa=kl_clip)  # fmt: skip
         scale_(precision, 1 / nu)
     _addcdiv_(mu, numer, precision, [-lr / b for b in bias1])
@@ -244,7 +252,7 @@ def vadagrad_update_(
     _add_scaled_(s, TensorList(curvs), beta)
     root, step = s.sqrt(), TensorList(grads)
     if kl_clip is not None:  # m = Σ ĝ²/(√s·√s₀); ν divides the temporary √s (exact where ν = 1)
-        nu = trust_region(summed(_div(step, root).mul_(step)) / init_prec**0.5, lr=lr, kappa=kl_clip)
+        nu = trust_region(natural_sq_length(step, root) / init_prec**0.5, lr=lr, kappa=kl_clip)
         scale_(root, 1 / nu)
     _addcdiv_(TensorList(means), step, root, -lr)
 
@@ -286,7 +294,7 @@ def vogn_update_(
     for out, s_t in zip(h_hat, s, strict=True):
         _add_into(out, s_t, prior_tilde)  # s_{t+1} + λ̃
     if kl_clip is not None:
-        scale_(step, trust_region(summed(_div(step, h_hat).mul_(step)), lr=lr, kappa=kl_clip))
+        scale_(step, trust_region(natural_sq_length(step, h_hat), lr=lr, kappa=kl_clip))
     if momentum_buffer is None:
         _addcdiv_(mu, step, h_hat, -lr)  # (7)
         return

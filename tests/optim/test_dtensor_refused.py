@@ -60,7 +60,7 @@ def test_every_class_is_covered():
 @pytest.mark.parametrize("info", CLASSES)
 def test_a_fully_sharded_model_is_refused_naming_ddp_or_the_noise(info, mesh):
     model = _sharded(info.model(), mesh)
-    elementwise = flat.enabled(info.build(info.model()))
+    elementwise = flat.takes_shards(info.build(info.model()))
     with pytest.raises(ValueError, match=NEEDS_CHUNKED if elementwise else REFUSED):
         info.build(model)
     if elementwise:  # and with keyed noise it trains (tests/test_fsdp2.py checks what it computes)

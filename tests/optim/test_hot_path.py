@@ -18,13 +18,15 @@ def wide_mlp(seed: int = 0) -> nn.Module:
 
 
 def plain(opt):
-    """The same optimizer, forced onto the plain paths: generic _perturb, whole-group _update."""
+    """The same optimizer, forced onto the plain paths: generic _perturb (or the rule's own, VOGN's), the
+    whole-group _update."""
+    draw = ngvi.VariationalOptimizer._perturb if type(opt).diagonal_perturb else type(opt)._perturb
 
     class Plain(type(opt)):
         elementwise = False
 
         def _perturb(self, group, params, noise, states):
-            return ngvi.VariationalOptimizer._perturb(self, group, params, noise, states)
+            return draw(self, group, params, noise, states)
 
         def _update(self, group, means, grads, curvs, states):
             assert len(means) == len(self.accumulator.params(group))
@@ -37,7 +39,7 @@ def plain(opt):
 def test_fused_perturbation_and_slices_are_bitwise_the_plain_engine(info):
     runs = []
     for force_plain in (False, True):
-        model = wide_mlp()
+        model = info.model() if info.takes_model else wide_mlp()  # VOGN hooks its problem's layers
         # the per-tensor path (flat=False): the flat one is checked against it in test_flat.py
         opt = info.build(model, seed=3, flat=False, **({"mc_samples": 2} if info.mc_samples else {}))
         if force_plain:

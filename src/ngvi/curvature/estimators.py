@@ -73,6 +73,9 @@ class CurvatureEstimator:
     local = False  #: computed from this rank's data: averaged over ranks under torch.distributed
     backward_in_step = False  #: the optimizer runs the backward pass itself (sampled targets)
     elementwise = False  #: ĥ of each weight from that weight's ĝ, ε and σ alone (flat buffers allowed)
+    #: ĥ shaped like each parameter but read from its layer (hooks), not from ĝ: a flat bucket gathers the
+    #: parameters' ĥ into its flat sum (one concatenation)
+    per_parameter = False
 
     def estimate(self, sample: CurvatureInput) -> TensorList | None:
         raise NotImplementedError

@@ -172,6 +172,7 @@ class PerExampleGGN(LayerCurvature):
     backward pass: for a Linear layer Σᵢ gᵢ² = (δ²)ᵀ(a²), one extra matrix product."""
 
     owner = "VOGN"
+    per_parameter = True
 
     def estimate(self, sample: CurvatureInput) -> TensorList:
         self.mean_gradient_(sample.grads)

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from .. import _validation as check
+from .._tensorlist import TensorList
 from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
@@ -69,6 +70,7 @@ class VOGN(VON):
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ... (:class:`~ngvi.VariationalOptimizer`).
     """
 
+    elementwise = True  # the update acts weight by weight: flat buckets (ngvi.optim.engine.flat)
     curvatures = ("ef", "fisher")
     takes_model = True
     transient = (*VON.transient, "_scratch")
@@ -116,32 +118,47 @@ class VOGN(VON):
 
     def _init_transient(self) -> None:
         super()._init_transient()
-        # One parameter-shaped scratch tensor per weight, reused every step: on CPU, freshly allocated
-        # temporaries cost more than the arithmetic done in them (page faults on first touch).
+        # One scratch tensor per state tensor, reused every step: on CPU, freshly allocated temporaries cost
+        # more than the arithmetic done in them (page faults on first touch).
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}
 
-    def _scratch_for(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _scratch_for(self, states: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """A buffer shaped like each state's s (float32 for a bfloat16 parameter with fp32_state): kept for a
+        parameter's own tensor, new for a view (a bucket's chunk, made afresh at each call)."""
         out = []
-        for p in params:
-            buf = self._scratch.get(p)
-            if buf is None:  # like the state (float32 for a bfloat16 parameter with fp32_state)
-                like = self.state[p]["hess"]
-                buf = self._scratch[p] = torch.empty_like(like, memory_format=torch.preserve_format)
+        for st in states:
+            hess = st["hess"]
+            if hess._base is not None:
+                out.append(torch.empty_like(hess))
+                continue
+            buf = self._scratch.get(hess)
+            if buf is None:
+                buf = self._scratch[hess] = torch.empty_like(hess, memory_format=torch.preserve_format)
             out.append(buf)
         return out
 
-    def _perturb(self, group, params, noise, states):
-        # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._scratch.clear()  # keyed by the replaced state tensors
+
+    def _inv_std(self, group, states) -> list[torch.Tensor]:
+        """1/√(s + λ̃) of each state: σ = that/√N."""
+        inv_std = self._scratch_for(states)
         prior_tilde = group["prior_prec"] / group["data_size"]
-        sampled = [p for p in self.trainable(group) if not self.point_estimate(p)]  # batch norm: no noise
-        if len(states) == len(sampled):
-            inv_std = self._scratch_for(sampled)  # the engine's order of params/noise/states
-        else:  # some layers are sampled through their outputs (sample_preactivations)
-            inv_std = [torch.empty_like(st["hess"]) for st in states]
         for buf, st in zip(inv_std, states, strict=True):
             torch.add(st["hess"], prior_tilde, out=buf)
         torch._foreach_rsqrt_(inv_std)
-        torch._foreach_addcmul_(params.tensors, noise.tensors, inv_std, 1.0 / math.sqrt(group["data_size"]))
+        return inv_std
+
+    def _perturb(self, group, params, noise, states):
+        # θ = μ + ε/√(N(s + λ̃)), the engine's draw, in three in-place passes over the weights.
+        torch._foreach_addcmul_(
+            params.tensors, noise.tensors, self._inv_std(group, states), 1.0 / math.sqrt(group["data_size"])
+        )
+
+    def _draw_factors(self, group, states):
+        # the flat draw as _perturb's: μ + (1/√N)·ε⊙(s + λ̃)^(−1/2)
+        return None, TensorList(self._inv_std(group, states)), 1.0 / math.sqrt(group["data_size"])
 
     def _check_group(self, group):
         # β = 0 would keep s at its start forever: the Gauss-Newton estimate would never reach q
@@ -157,7 +174,7 @@ class VOGN(VON):
             grads,
             curvs,
             [st["hess"] for st in states],
-            self._scratch_for(self.accumulator.params(group)),
+            self._scratch_for(states),
             [self._momentum_buffer(st) for st in states] if momentum else None,  # μ_t − μ_{t−1}
             lr=group["lr"],
             beta=group["beta"],

@@ -4,11 +4,12 @@
     PYTHONPATH=src python -m ngvi.experiments.bench.before_after --before ../ngvi-before/src --threads 1
 
 The older package is imported under the name ``ngvi_before`` (its modules import each other relatively).
-The seven diagonal rules of both versions are built as ``ngvi bench`` builds them, each version's own class
-with its defaults (VON at the bench's lr=0.01), and each trains its own copy of the bench's problem
-(``--model``: the MLP 784-1000-1000-10 at batch 256 by default, the CNN, or the chain of 128 small
-tensors), timed in interleaved rounds beside torch.optim.Adam and the floor (Adam plus one normal draw per
-weight). Prints a Markdown table of ratios to Adam and to the floor.
+The seven diagonal rules of both versions (``--rules``: any of the registry's, VOGN too) are built as
+``ngvi bench`` builds them, each version's own class with its defaults (VON at the bench's lr=0.01), and
+each trains its own copy of the bench's problem (``--model``: the MLP 784-1000-1000-10 at batch 256 by
+default, the CNN, or the chain of 128 small tensors), timed in interleaved rounds beside
+torch.optim.Adam and the floor (Adam plus one normal draw per weight). Prints a Markdown table of ratios
+to Adam and to the floor.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def build(package: Any, rule: str, model: torch.nn.Module) -> Any:
     registry, which imports ``ngvi`` by name and so would build this checkout's classes."""
     cls = getattr(package, REGISTRY[rule].cls)
     sized = "data_size" in inspect.signature(cls).parameters
-    args = (model.parameters(), methods.DATA_SIZE) if sized else (model.parameters(),)
+    params = model if cls.takes_model else model.parameters()  # VOGN hooks the model's layers
+    args = (params, methods.DATA_SIZE) if sized else (params,)
     opt = cls(*args, seed=0, **methods.OPTIONS.get(rule, {}))
     if not type(opt).__module__.startswith(package.__name__ + "."):
         raise RuntimeError(f"{rule} was built from {type(opt).__module__}, not from {package.__name__}")
@@ -62,13 +64,15 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="the bench's tiny models: a smoke run")
     parser.add_argument("--model", default="mlp", choices=measure.DEFAULT_MODELS, help="the bench's problem")
+    parser.add_argument("--rules", default=",".join(RULES), help="comma-separated registry names (vogn too)")
     args = parser.parse_args()
+    rules = args.rules.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
     packages = {"before": import_as("ngvi_before", args.before), "after": ngvi}
     references = methods.methods()
     timed = {"adam": references["adam"], "floor": references["floor"]}
-    for rule in RULES:
+    for rule in rules:
         for tag, package in packages.items():
             timed[f"{rule}-{tag}"] = methods.Method(
                 f"{rule} ({tag})", methods.trainer_step(lambda m, p=package, r=rule: build(p, r, m))
@@ -88,7 +92,7 @@ def main() -> None:
         "| rule | before [ms] | × Adam | × floor | after [ms] | × Adam | × floor | speed-up |\n"
         "|---|---|---|---|---|---|---|---|"
     )
-    for rule in RULES:
+    for rule in rules:
         b, a = res["methods"][f"{rule}-before"]["seconds"], res["methods"][f"{rule}-after"]["seconds"]
         cells = [
             *(f"{1e3 * b:.1f}", f"{b / adam:.2f}×", f"{b / floor:.2f}×"),

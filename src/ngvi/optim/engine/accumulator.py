@@ -195,11 +195,11 @@ def _sqrt_precision(opt: Any, group: dict[str, Any], params: list[Tensor], state
 
 
 def _bucket_estimator(opt: Any, group: dict[str, Any], b: flat.Bucket) -> Any:
-    """ĥ of a bucket's flat sample ĝ from ``opt``'s (element-wise) estimator, or None without one: ε and
-    √precision as the draw kept them (else computed from the bucket's state)."""
+    """ĥ of a bucket's flat sample ĝ from ``opt``'s estimator (element-wise, or per parameter from the
+    layers), or None without one: ε and √precision as the draw kept them (else computed from the state)."""
     est = opt.curvature_estimator
 
-    def estimate(grads: Tensor) -> Tensor | None:
+    def estimate(grads: Tensor) -> Tensor | list[Tensor] | None:
         if est is None:
             return None
         noise = TensorList([opt.noise_source.buffer(b.param_flat)]) if opt.needs_noise else None
@@ -220,7 +220,10 @@ def _bucket_estimator(opt: Any, group: dict[str, Any], b: flat.Bucket) -> Any:
             opt.num_steps,
         )
         with torch.no_grad():
-            curv = est.estimate(sample)[0]
+            curvs = est.estimate(sample)
+        if not est.elementwise:  # one ĥ per parameter (hooks), which the bucket gathers
+            return list(curvs)
+        curv = curvs[0]
         return curv if curv.dtype == b.mu.dtype else curv.to(b.mu.dtype)
 
     return estimate

@@ -1,12 +1,13 @@
 r"""Flat buffers: the element-wise rules' passes as one kernel per parameter group, not one per tensor.
 
-For a rule whose precision and update act weight by weight (``elementwise``) with the default diagonal
-draw, the trainable parameters of a group that share a device and dtype form a :class:`Bucket`: μ, every
-state tensor, θ, ε and the MC sum of ĝ each live in one contiguous tensor, and each parameter (and each of
-its state entries) is a view into it. The rule then runs on the bucket as if it were one parameter: its
-``_precision`` and ``_update`` get one-tensor lists and one state dict (the flat tensors and the scalars the
-parameters share, such as the step), so a pass is one kernel (or one multi-tensor kernel on the few
-per-tensor lists that remain) whatever the number of tensors, and one ``normal_`` draws ε for the bucket.
+For a rule whose precision and update act weight by weight (``elementwise``) with a diagonal draw (the default
+one, or a rule's own whose factors ``_draw_factors`` gives: VOGN's), the trainable parameters of a group that
+share a device and dtype form a :class:`Bucket`: μ, every state tensor, θ, ε and the MC sum of ĝ each live in
+one contiguous tensor, and each parameter (and each of its state entries) is a view into it. The rule then
+runs on the bucket as if it were one parameter: its ``_precision`` and ``_update`` get one-tensor lists and
+one state dict (the flat tensors and the scalars the parameters share, such as the step), so a pass is one
+kernel (or one multi-tensor kernel on the few per-tensor lists that remain) whatever the number of tensors,
+and one ``normal_`` draws ε for the bucket.
 
 The same arithmetic on the same operands: fed the same ε, the per-tensor path and this one give bitwise the
 same trajectories (``tests/optim/test_flat.py``). With ``noise="normal"`` the random stream differs from the
@@ -40,16 +41,29 @@ from . import mixed_precision, sharded
 
 
 def enabled(opt: Any) -> bool:
-    """Whether ``opt`` keeps flat buckets: asked for (``flat=None`` or ``True``), an element-wise rule with
-    the default diagonal draw, and a curvature estimator that acts weight by weight."""
+    """Whether ``opt`` keeps flat buckets: asked for (``flat=None`` or ``True``), an element-wise rule with a
+    diagonal draw (the default, or a rule's own in :meth:`~.optimizer.VariationalOptimizer._draw_factors`)
+    that samples every weight, and a curvature estimator that acts weight by weight or per parameter."""
     est = opt.curvature_estimator
     return bool(
         opt.flat is not False
         and opt._elementwise
-        and opt.diagonal_perturb
+        and opt.flat_draw
         and not opt.local_params
-        and (est is None or getattr(est, "elementwise", False))
+        and (est is None or est.elementwise or (est.per_parameter and not _point_estimates(est)))
     )
+
+
+def _point_estimates(est: Any) -> Any:
+    """The parameters a hooked estimator leaves unsampled (batch norm's), which a bucket would sample."""
+    return getattr(getattr(est, "hooks", None), "point_params", None)
+
+
+def takes_shards(opt: Any) -> bool:
+    """Whether ``opt`` can step FSDP2's shards (:mod:`.sharded`): the flat path, with an estimator that reads
+    ĝ alone (hooks see whole layers, not a rank's rows)."""
+    est = opt.curvature_estimator
+    return enabled(opt) and (est is None or est.elementwise)
 
 
 def _views(flat: Tensor, like: list[Tensor]) -> list[Tensor]:
@@ -114,6 +128,7 @@ class Bucket:
         self.grad: Tensor | None = None  # Σĝ while a step is pending (θ's buffer after the first sample)
         self.grads_bound = False  # the parameters' .grad view θ's buffer (add_sample's rebind_grads)
         self.curv: Tensor | None = None  # Σĥ while a step is pending
+        self._gathered: tuple[Tensor, list[Tensor]] | None = None  # Σĥ of a per-parameter estimator, views
         self.state: dict[str, Any] = {**{k: states[0][k] for k in self.scalars}, **self.flat}
 
     def register(self, key: str, flat: Tensor, views: list[Tensor]) -> None:
@@ -121,6 +136,17 @@ class Bucket:
         self.flat[key], self.views[key] = flat, views
         for st, view in zip(self.states, views, strict=True):
             st[key] = view
+
+    def gather_curvature(self, curvs: list[Tensor], first: bool) -> Tensor:
+        """Per-parameter ĥ (in parameter order) into the bucket's flat Σĥ with one multi-tensor op: copied at
+        a step's first sample, added at the others, as the per-tensor path sums them. The buffer and its
+        views are kept between steps (the update consumes Σĥ within its step)."""
+        if self._gathered is None:
+            flat = self.mu.new_empty(self.mu.numel())
+            self._gathered = flat, _views(flat, self.locals)
+        flat, views = self._gathered
+        (torch._foreach_copy_ if first else torch._foreach_add_)(views, curvs)
+        return flat
 
     @staticmethod
     def eligible(params: list[Tensor], states: list[dict[str, Any]]) -> bool:
@@ -303,10 +329,11 @@ def update(b: Bucket, rule_update: Callable[..., None], grad: Tensor, curvs: Any
 
 
 @torch.no_grad()
-def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: Callable[..., Any]) -> None:
+def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool) -> None:
     """θ = μ + σ⊙ε for the bucket, with one precision pass and one draw, each parameter then bound to its
-    view of θ (μ stays in ``param_flat``, kept in ``opt._means``). ``sigma_of(opt, group, states)`` gives
-    (√precision, σ) as the per-tensor path computes them, here as one-tensor lists."""
+    view of θ (μ stays in ``param_flat``, kept in ``opt._means``). The rule's ``_draw_factors(group,
+    states)`` gives (√precision, r, v) with σ = v·r, as its per-tensor draw computes them, here as
+    one-tensor lists."""
     noise = opt.noise_source
     if b.grad is b.theta:  # a pending sample's Σĝ (manual form) lives in θ's buffer: move it out
         b.grad = b.theta.clone()
@@ -324,11 +351,12 @@ def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool, sigma_of: C
         eps = out = noise.into(b.theta if not b.promoted else torch.empty_like(b.mu), b.segments)
     # the curvature reads ĝ⊙ε·√precision: √precision is kept for this sample in one piece, as per tensor
     for start, length in chunks(b, opt.compile) if not opt.needs_noise else [(0, b.mu.numel())]:
-        sqrt_prec, sigma = sigma_of(opt, group, [_piece(b.state, start, length)])
+        sqrt_prec, factor, value = opt._draw_factors(group, [_piece(b.state, start, length)])
         if opt.needs_noise:
             opt._sqrt_prec[b.param_flat] = sqrt_prec[0]
         piece = out.narrow(0, start, length)
-        torch.addcmul(b.mu.narrow(0, start, length), eps.narrow(0, start, length), sigma[0], out=piece)
+        mu, eps_piece = b.mu.narrow(0, start, length), eps.narrow(0, start, length)
+        torch.addcmul(mu, eps_piece, factor[0], value=value, out=piece)
     if b.promoted:
         b.theta.copy_(out)
     if b.sharded:  # θ into the shards, which FSDP2 gathers; μ is written back at the restore
@@ -347,12 +375,11 @@ def restore(b: Bucket) -> None:
 
 
 @torch.no_grad()
-def add_sample(
-    b: Bucket, first: bool, estimate: Callable[[Tensor], Tensor | None], rebind_grads: bool = False
-) -> None:
+def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Any], rebind_grads: bool = False) -> None:
     """Add the sample in ``p.grad`` to the bucket's sums: ĝ copied flat into θ's buffer with one
     multi-tensor copy (the buffer is free once μ is restored; a pending sum is moved out before the next
-    draw), in float32 for a promoted bucket, and ĥ from ``estimate(ĝ)`` on the flat sample.
+    draw), in float32 for a promoted bucket, and ĥ from ``estimate(ĝ)`` on the flat sample (or per parameter,
+    gathered: :meth:`Bucket.gather_curvature`).
 
     ``rebind_grads`` (a step's only sample, in ``step(closure)``): each ``p.grad`` becomes its view of the
     copy, the same values, so the gradient is not held twice while the rule updates (the memory of the
@@ -365,9 +392,11 @@ def add_sample(
         b.grads_bound = True
     target = b.theta.float() if b.promoted else b.theta
     curv = estimate(target)
+    if isinstance(curv, list):  # one ĥ per parameter (a layer's hooks): summed into the bucket's buffer
+        curv = b.gather_curvature(curv, first)
     if first:
         b.grad, b.curv = target, curv
         return
     b.grad.add_(target)
-    if curv is not None:
+    if curv is not None and curv is not b.curv:
         b.curv.add_(curv)

@@ -33,7 +33,7 @@ from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
 from .device_check import CHECKS, PendingChecks, agreed, masked, nonfinite_flags, use_device_check
 from .noise import NOISES, NoiseCheckpoint, NoiseSource
-from .perturbation import draw, slices
+from .perturbation import draw, slices, sqrt_prec_and_sigma
 from .prior import AUTO, initial_curvature
 
 __all__ = ["NOISES", "NonFiniteGradientError", "VariationalOptimizer", "initial_curvature"]
@@ -90,6 +90,9 @@ class VariationalOptimizer(Optimizer):
     _elementwise: bool = False
     #: the rule keeps the default ``_perturb``, so the fused path (:mod:`.perturbation`) may run it
     diagonal_perturb: bool = True
+    #: the draw is θ = μ + v·ε⊙r with :meth:`_draw_factors`' r and v (the default ``_perturb``, or a rule's
+    #: own diagonal draw that overrides both), so a flat bucket (:mod:`.flat`) may form it
+    flat_draw: bool = True
     local_params: frozenset[Tensor] = frozenset()  #: sampled per example (:mod:`ngvi.optim._diag_local`)
     #: the curvature estimators the rule accepts through ``curvature=`` (:mod:`ngvi.curvature.estimators`)
     curvatures: tuple[str, ...] = ()
@@ -137,6 +140,7 @@ class VariationalOptimizer(Optimizer):
         rule = (owner("_precision", "_precision_core"), owner("_update"))
         cls._elementwise = all(c.__dict__.get("elementwise", False) for c in rule)
         cls.diagonal_perturb = cls._perturb is VariationalOptimizer._perturb
+        cls.flat_draw = cls.diagonal_perturb or owner("_perturb") is owner("_draw_factors")
 
     def __init__(
         self,
@@ -234,6 +238,14 @@ class VariationalOptimizer(Optimizer):
         default is run in a fused form (:meth:`_perturb_diagonal`), bitwise the same."""
         params.addcmul_(noise, self._precision(group, states).rsqrt())
 
+    def _draw_factors(self, group, states) -> tuple[TensorList | None, TensorList, float]:
+        """(√precision, r, v) of ``states`` with θ = μ + v·(ε⊙r), as a flat bucket forms the draw: by default
+        r = σ = 1/√precision and v = 1 (√precision is kept, else None, where the curvature reads ε). A rule
+        whose own ``_perturb`` is diagonal in another form overrides this too, so that the flat draw is
+        bitwise its per-tensor one (VOGN)."""
+        sqrt_prec, sigma = sqrt_prec_and_sigma(self, group, states)
+        return sqrt_prec, sigma, 1.0
+
     def unsampled(self, p: Tensor, train: bool) -> bool:
         """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick, the layers of
         :func:`~ngvi.optim._diag_local.sample_preactivations` in training; or a point estimate)."""
@@ -256,7 +268,7 @@ class VariationalOptimizer(Optimizer):
             names = {id(p): n for n, p in self.model.named_parameters()} if self.takes_model else None
             where = (type(self).__name__, self.param_groups[-1]["params"], len(self.param_groups) - 1, names)
             check.nonempty_params(*where)
-            if not flat.enabled(self):  # FSDP2's shards take the flat path, where θ is written into them
+            if not flat.takes_shards(self):  # FSDP2's shards take the flat path, where θ is written there
                 check.no_dtensor(*where)
             sharded.refuse_unless_supported(self, self.param_groups[-1]["params"])
             self._check_group(self.param_groups[-1])

@@ -35,7 +35,7 @@ def draw(opt: Any, train: bool) -> None:
             params = opt.trainable(group)
             if params:
                 states = [opt.state_of(group, p) for p in params]
-                use_flat = opt.diagonal_perturb and flat.enabled(opt)
+                use_flat = flat.enabled(opt)
                 plan.append(
                     (group, params, states, flat.buckets_of(opt, group, params, states) if use_flat else None)
                 )
@@ -46,7 +46,7 @@ def draw(opt: Any, train: bool) -> None:
             if buckets is not None:  # one pass per bucket (:mod:`.flat`)
                 for b in buckets:
                     done.extend(b.params)
-                    flat.perturb(opt, group, b, reuse, sqrt_prec_and_sigma)
+                    flat.perturb(opt, group, b, reuse)
                 continue
             means = [p.detach() for p in params]  # μ stays in these tensors; the parameters are rebound
             for p, mean in zip(params, means, strict=True):

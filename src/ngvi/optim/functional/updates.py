@@ -278,10 +278,11 @@ def vogn_update_(
         \mu_{t+1} &= \mu_t - \alpha\frac{\hat g + \tilde\lambda\mu_t}{s_{t+1} + \tilde\lambda}
                    + \gamma\frac{s_t + \tilde\lambda}{s_{t+1} + \tilde\lambda}(\mu_t - \mu_{t-1})  && (7, 82)
 
-    ``momentum_buffer`` holds μ_t − μ_{t−1} (``None``: no momentum). ``scratch`` is one parameter-shaped
-    buffer per tensor, reused every step (fresh temporaries cost page faults on CPU); ``curvs`` is consumed:
-    it holds s_{t+1} + λ̃ afterwards. ``kl_clip`` = κ scales the natural step α(ĝ + λ̃μ)/(s_{t+1} + λ̃),
-    before the momentum, by :func:`~.blocks.trust_region`'s ν (``None``: no trust region)."""
+    ``momentum_buffer`` holds μ_t − μ_{t−1} (``None``: no momentum). ``scratch`` is one buffer shaped like
+    each tensor, which it overwrites (VOGN keeps one per parameter across steps on the per-tensor path:
+    fresh temporaries cost page faults on CPU); ``curvs`` is consumed: it holds s_{t+1} + λ̃ afterwards.
+    ``kl_clip`` = κ scales the natural step α(ĝ + λ̃μ)/(s_{t+1} + λ̃), before the momentum, by
+    :func:`~.blocks.trust_region`'s ν (``None``: no trust region)."""
     mu, s, h_hat, step = TensorList(means), TensorList(hess), TensorList(curvs), TensorList(scratch)
     if momentum_buffer is not None:
         buffers = TensorList(momentum_buffer)

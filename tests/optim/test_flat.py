@@ -117,12 +117,23 @@ def test_chunked_noise_is_the_same_stream_on_both_paths(info):
         assert torch.equal(a, b)
 
 
-def test_the_bucket_stream_is_standard_normal_and_independent_across_tensors():
-    """ε = (θ − μ)/σ over 400 draws of a model of 40 tensors of sizes 1 … 157 (σ known: init_prec fixed)."""
+def _forty_tensors(name: str) -> tuple[list[nn.Parameter], object]:
+    """40 tensors of many sizes and their optimizer with σ = 1/5 (init_prec fixed): Vadam on the
+    parameters, or VOGN, whose own draw μ + ε⊙(s + λ̃)^(−1/2)/√N the bucket forms, on 20 Linear layers."""
     torch.manual_seed(0)
-    sizes = [1 + (37 * i) % 157 for i in range(40)]
-    params = [nn.Parameter(torch.randn(n, dtype=torch.float64)) for n in sizes]
-    opt = ngvi.Vadam(params, data_size=100, prior_prec=1.0, init_prec=25.0, seed=11)
+    if name == "Vadam":
+        sizes = [1 + (37 * i) % 157 for i in range(40)]
+        params = [nn.Parameter(torch.randn(n, dtype=torch.float64)) for n in sizes]
+        return params, ngvi.Vadam(params, data_size=100, prior_prec=1.0, init_prec=25.0, seed=11)
+    model = nn.Sequential(*(nn.Linear(1 + i % 7, 1 + (5 * i) % 13) for i in range(20))).double()
+    return list(model.parameters()), ngvi.VOGN(model, data_size=100, prior_prec=1.0, init_prec=25.0, seed=11)
+
+
+@pytest.mark.parametrize("name", ["Vadam", "VOGN"])
+def test_the_bucket_stream_is_standard_normal_and_independent_across_tensors(name):
+    """ε = (θ − μ)/σ over 400 draws of 40 tensors (sizes 1 … 157 for Vadam, 1 … 91 for VOGN's layers)."""
+    params, opt = _forty_tensors(name)
+    sizes = [p.numel() for p in params]
     mean = torch.cat([p.detach().flatten() for p in params]).clone()
     draws = []
     for _ in range(400):

@@ -143,6 +143,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sem": _sem,
     "min": lambda x: float(np.min(x)),
     "max": lambda x: float(np.max(x)),
+    "argmin": lambda x: int(np.argmin(x)),  # the index of the smallest (the epoch of the lowest loss)
     "sum": lambda x: float(np.sum(x)),
     "count": len,
     "abs": lambda x: np.abs(x),

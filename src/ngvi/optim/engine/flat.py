@@ -398,5 +398,5 @@ def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Any], rebind
         b.grad, b.curv = target, curv
         return
     b.grad.add_(target)
-    if curv is not None and curv is not b.curv:
+    if curv is not None and curv is not b.curv:  # a gathered ĥ was added into the sum already
         b.curv.add_(curv)

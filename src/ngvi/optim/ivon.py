@@ -32,7 +32,9 @@ class IVON(VariationalOptimizer):
         params: parameters or groups.  data_size: N (IVON's effective sample size; ``ess=`` is the same,
             the name of the authors' ivon-opt package).  lr: α.
         betas: (β₁, β₂).  weight_decay: δ (default 1e-4); or ``prior_prec`` = λ = δN, the name every ngvi
-            optimizer accepts.  hess_init: h₀.  mc_samples: samples per step.  clip_radius: the update clip.
+            optimizer accepts.  hess_init: h₀, in curvature units per example: 1 suits a unit-scale
+            likelihood; with a Gaussian likelihood of noise precision τ, τ (β₂ = 0.99999 moves h little in
+            10⁴ steps; docs/CHOOSING.md).  mc_samples: samples per step.  clip_radius: the update clip.
     """
 
     elementwise = True

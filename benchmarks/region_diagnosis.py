@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import ngvi
-from ngvi.experiments.calibration import experiment, measure
+from ngvi.experiments.calibration import experiment, measure, report
 from ngvi.experiments.calibration.problems import PROBLEMS, Problem
 from ngvi.experiments.core import training
 from ngvi.optim.functional import updates
@@ -158,7 +158,7 @@ def plot(results: dict, problem: str, path: Path) -> None:
                 continue
             steps = [point["step"] for point in traces[0]]
             rmse = [sum(t[i]["train_rmse"] for t in traces) / len(traces) for i in range(len(steps))]
-            label = f"{method}" + (" (start at 1/σ²)" if variant == "sharp-start" else "")
+            label = report.label(method) + (" (start at 1/σ²)" if variant == "sharp-start" else "")
             left.plot(steps, rmse, style, color=colours[method], label=label)
             if traces[0][0]["nu_mean"] is not None:
                 nu = [sum(t[i]["nu_mean"] for t in traces) / len(traces) for i in range(len(steps))]

@@ -57,22 +57,60 @@ def state_elements(opt) -> int:
     return sum(v.numel() for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
 
 
-def train(name: str, net: nn.Module, rows: slice) -> tuple[ngvi.DiagonalGaussian, int]:
+def train(
+    name: str, net: nn.Module, rows: slice, scale: float = 1.0, steps: int = STEPS, **options
+) -> tuple[ngvi.DiagonalGaussian, int]:
     data_size = None if name == "VadaGrad" else 64
     sized = {} if data_size is None else {"data_size": data_size}
-    opt = getattr(ngvi, name)(net.parameters(), **sized, seed=3, noise="chunked", **RULES[name])
+    opt = getattr(ngvi, name)(net.parameters(), **sized, seed=3, noise="chunked", **RULES[name], **options)
     x, y = batch()
     x, y = x[rows], y[rows]
 
     def closure():
         opt.zero_grad()
-        loss = 0.5 * (net(x) - y).square().mean()
+        loss = scale * 0.5 * (net(x) - y).square().mean()
         loss.backward()
         return loss
 
-    for _ in range(STEPS):
+    for _ in range(steps):
         opt.step(closure)
     return opt.posterior(), state_elements(opt)
+
+
+#: the rules with a trust region, at a loss scale where it binds on every step (issue 42, item 2): the ranks
+#: sum m = Σ u²/P over their shards in one all-reduce, so R ranks take one process's step
+REGION_RULES, REGION_SCALE, REGION_STEPS = ("IVON", "VON", "VadaGrad", "NoisyAdam"), 1e4, 4
+
+
+def _sharded(world: int) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    net = model()
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    return fully_shard(net)
+
+
+def _binding(rank: int, world: int) -> dict:
+    per = 16 // world
+    return {
+        name: train(name, _sharded(world), slice(per * rank, per * (rank + 1)), REGION_SCALE, REGION_STEPS)[
+            0
+        ].mean
+        for name in REGION_RULES
+    }
+
+
+def _region_worker(rank: int, world: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        means = _binding(rank, world)
+        if rank == 0:
+            Path(out).write_text(json.dumps({k: [t.tolist() for t in v] for k, v in means.items()}))
+    finally:
+        dist.destroy_process_group()
+    _exit_finished()
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
@@ -82,11 +120,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
 
         results = {}
         for name in RULES:
-            net = model()
-            for layer in net:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer)
-            fully_shard(net)
+            net = _sharded(world)
             rows = slice(8 * rank, 8 * (rank + 1))
             post, elements = train(name, net, rows)
             results[name] = {
@@ -97,7 +131,8 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
             dist.all_gather_object(counts, elements)
             dist.all_gather_object(weights, sum(p.to_local().numel() for p in net.parameters()))
             results[name]["state_elements"], results[name]["shard_weights"] = counts, weights
-        extra = {"nan": _nan_on_one_rank(rank), "mixed": _mixed_precision()}
+        binding = {k: [t.tolist() for t in v] for k, v in _binding(rank, world).items()}
+        extra = {"nan": _nan_on_one_rank(rank), "mixed": _mixed_precision(), "binding": binding}
         refusals = {}
         for name, options in (("VOGN", {}), ("IVON", {"noise": "normal"})):
             net = model()
@@ -200,6 +235,30 @@ def test_two_sharded_ranks_take_the_steps_of_one_process_with_the_whole_batch(na
     per_weight = elements / sum(p.numel() for p in model().parameters())
     assert got["state_elements"] == [per_weight * n for n in got["shard_weights"]]
     assert sum(got["shard_weights"]) == sum(p.numel() for p in model().parameters())
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    tmp = tmp_path_factory.mktemp("fsdp2_4")
+    out = tmp / "out.json"
+    mp.spawn(_region_worker, args=(4, str(tmp / "store"), str(out)), nprocs=4, join=True)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("name", REGION_RULES)
+def test_where_the_region_binds_ranks_take_one_process_step(name, world, sharded_runs, four_ranks):
+    """Before, each rank took ν from its own shards: the step then depended on the world size."""
+    whole = train(name, model(), slice(0, 16), REGION_SCALE, REGION_STEPS)[0].mean
+    free = train(name, model(), slice(0, 16), REGION_SCALE, REGION_STEPS, kl_clip=None)[0].mean
+    start = [p.detach() for p in model().parameters()]
+    got = (sharded_runs["binding"] if world == 2 else four_ranks)[name]
+    move = max((w - p).abs().max() for w, p in zip(whole, start, strict=True))
+    for w, g in zip(whole, got, strict=True):
+        assert (torch.tensor(g, dtype=torch.float64) - w).abs().max() <= 1e-5 * move
+    assert 2 * move < max((f - p).abs().max() for f, p in zip(free, start, strict=True))  # it binds
 
 
 def test_rules_that_span_layers_and_rank_dependent_noise_are_refused(sharded_runs):

@@ -131,8 +131,9 @@ def test_the_papers_start_has_no_trust_region_and_checks_kl_clip():
         ngvi.NoisyKFAC(net(1), 10, kl_clip=-1.0)
 
 
-def test_a_checkpoint_without_kl_clip_loads_and_resumes_with_the_region():
-    """State dicts saved before kl_clip existed have no such key in their groups: they load, and "auto"."""
+def test_a_checkpoint_without_kl_clip_loads_and_resumes_without_the_region():
+    """State dicts saved before kl_clip existed have no such key in their groups: they load without a region,
+    as they were trained (issue 42, item 4)."""
     model = net(1)
     opt = ngvi.NoisyKFAC(model, 1000, seed=0)
     x, y, loss_fn, _ = problem(0.3)
@@ -149,6 +150,7 @@ def test_a_checkpoint_without_kl_clip_loads_and_resumes_with_the_region():
         del group["kl_clip"]
     fresh = ngvi.NoisyKFAC(model, 1000, seed=0)
     fresh.load_state_dict(old)
+    assert {g["kl_clip"] for g in fresh.param_groups} == {None}
     fresh.step(closure)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 

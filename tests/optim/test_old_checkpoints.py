@@ -52,6 +52,14 @@ def test_the_per_tensor_path_continues_an_old_checkpoint_as_the_old_engine_did(n
         torch.testing.assert_close(got.detach(), old, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("name", ["IVON", "VON", "NoisyAdam"])
+def test_a_checkpoint_from_before_the_trust_region_resumes_without_one(name):
+    """pre_flat.pt predates ``kl_clip`` (5e952ec): those runs had no region, so they resume with none."""
+    assert all("kl_clip" not in g for g in SAVED[name]["optimizer"]["param_groups"])
+    _, opt, _ = resume(name, flat=False)
+    assert [g["kl_clip"] for g in opt.param_groups] == [None]
+
+
 @pytest.mark.parametrize("name", RULES)
 def test_the_flat_path_loads_an_old_checkpoint_into_its_buckets(name):
     _, opt, losses = resume(name, flat=True)

@@ -99,7 +99,7 @@ class IVON(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
-        F.run_core(
+        return F.run_core(
             F.ivon_update_,
             means,
             grads,

@@ -36,8 +36,8 @@ with ≈ I, so the step grew with the loss's scale (a Gaussian NLL mse/(2·0.3²
 natural step is scaled by ν = min(1, √(κ/m)), m = α²·vᵀP⁻¹v its squared length in the metric P that
 preconditions it (Ba, Grosse & Martens 2017's KL clipping), before the momentum: at the identity start
 ‖Δμ‖ ≤ √κ.
-``kl_clip="auto"`` is κ = :data:`KL_CLIP` = 10⁻² with ngvi's starts and no region with the papers'
-(``init_prec=None``, which the golden trajectories and the experiments pin); a number is κ; None: off.
+``kl_clip="auto"`` is κ = :data:`KL_CLIP` = 10⁻² for every start but the papers' (``init_prec=None``, which
+the golden trajectories and the experiments pin), as for every rule; a number is κ; None: off.
 Measured alternatives (factors from the first batch; inverting every step early) in docs/CHOOSING.md.
 """
 
@@ -58,7 +58,7 @@ from . import _nng_prior as nng
 from . import functional as F
 from ._kfac_local import SAMPLINGS, LocalPreactivations
 from .engine.optimizer import VariationalOptimizer
-from .engine.prior import AUTO, KL_CLIP, check_kl_clip
+from .engine.prior import AUTO, KL_CLIP, check_kl_clip, kl_clip_of
 
 __all__ = ["DEFAULTS", "KL_CLIP", "KroneckerFamily"]
 
@@ -157,12 +157,8 @@ class KroneckerFamily(VariationalOptimizer):
 
     @staticmethod
     def _kl_clip(group: dict[str, Any]) -> float | None:
-        """κ, or None for no trust region: ``"auto"`` is :data:`KL_CLIP` with ngvi's starts and None with the
-        papers' (``init_prec=None``, which the golden trajectories and the experiments pin)."""
-        kappa = group.get("kl_clip", AUTO)  # (absent from checkpoints saved before it: "auto")
-        if kappa == AUTO:
-            return None if group["init_prec"] is None else KL_CLIP
-        return kappa
+        """κ, or None for no trust region (:func:`~.engine.prior.kl_clip_of`: one meaning for every rule)."""
+        return kl_clip_of(group)
 
     @staticmethod
     def _trust_region(group: dict[str, Any], steps: list[Tensor], vs: list[Tensor]) -> Tensor:
@@ -170,8 +166,7 @@ class KroneckerFamily(VariationalOptimizer):
         preconditions it (``steps`` P⁻¹v, ``vs`` v = ĝ + γ_in μ): Ba et al.'s (2017) KL clipping. A tensor,
         so no host read; exactly 1 where the cap does not bind."""
         m = sum(torch.vdot(s.reshape(-1), v.reshape(-1)) for s, v in zip(steps, vs, strict=True))
-        m = m.float().clamp_min(0.0).mul_(group["lr"] ** 2)
-        return torch.rsqrt(m / KroneckerFamily._kl_clip(group)).clamp_(max=1.0)
+        return F.trust_region(m.float().clamp_min(0.0), lr=group["lr"], kappa=kl_clip_of(group))
 
     # ----------------------------------------------------------------------------------------------------
     # Layer layout: a layer's parameters as one [G, o, d'] block (weight columns, then the bias column)

@@ -164,7 +164,7 @@ class NoisyAdam(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
-        F.run_core(
+        return F.run_core(
             F.noisy_adam_update_,
             means,
             grads,

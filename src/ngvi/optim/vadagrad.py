@@ -23,7 +23,7 @@ from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
-from .engine.prior import AUTO, KL_CLIP, check_kl_clip
+from .engine.prior import AUTO, check_kl_clip, kl_clip_of
 
 
 class VadaGrad(VariationalOptimizer):
@@ -77,15 +77,8 @@ class VadaGrad(VariationalOptimizer):
     def _precision_core(self, group, states):
         return F.identity_precision, ([st["sum_sq"] for st in states],), dict()
 
-    @staticmethod
-    def _kl_clip(group: dict[str, Any]) -> float | None:
-        """κ: ``"auto"`` (also a checkpoint saved before ``kl_clip``) is :data:`KL_CLIP` whatever the start,
-        which is always a number here and measured against it (m = ΣΔ²√(s/s₀))."""
-        kappa = group.get("kl_clip", AUTO)
-        return KL_CLIP if isinstance(kappa, str) and kappa == AUTO else kappa
-
     def _update(self, group, means, grads, curvs, states):
-        F.run_core(
+        return F.run_core(
             F.vadagrad_update_,
             means,
             grads,
@@ -94,6 +87,6 @@ class VadaGrad(VariationalOptimizer):
             lr=group["lr"],
             beta=group["beta"],
             init_prec=float(group["init_prec"]),
-            kl_clip=self._kl_clip(group),
+            kl_clip=kl_clip_of(group),
             compile=self.compile,
         )

@@ -168,7 +168,7 @@ class VOGN(VON):
     def _update(self, group, means, grads, curvs, states):
         # ``curvs`` is the engine's temporary for this step; once s has absorbed it, it holds s + λ̃.
         momentum = group["momentum"]
-        F.run_core(
+        return F.run_core(
             F.vogn_update_,
             means,
             grads,

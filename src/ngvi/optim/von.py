@@ -121,7 +121,7 @@ class VON(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         momentum = group["momentum"]
-        F.run_core(
+        return F.run_core(
             F.von_update_,
             means,
             grads,

@@ -135,8 +135,10 @@ def configure(opt: Any, value: Any, defaults: dict[str, Any]) -> EmpiricalBayes 
 
 def split_layers(opt: Any) -> None:
     """One parameter group per parameter tensor (``per="layer"``), each with a copy of its group's
-    hyperparameters; called before any state exists."""
-    opt.param_groups = [{**g, "params": [p]} for g in opt.param_groups for p in g["params"]]
+    hyperparameters; called before any state exists. The groups made from one keep its trust region: their
+    ``"region"`` key names the group they came from, and the step takes one ν over them (:mod:`.region`)."""
+    groups = enumerate(opt.param_groups)
+    opt.param_groups = [{**g, "params": [p], "region": ("split", i)} for i, g in groups for p in g["params"]]
 
 
 #: the group key of λ and the maps value → λ, λ → value (as ngvi.calibrate's PRIOR_KEYS)

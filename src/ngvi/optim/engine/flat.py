@@ -28,6 +28,7 @@ held twice; with the chunked passes the peak is below the per-tensor path's for 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Callable
@@ -37,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ..._tensorlist import TensorList
+from ..functional import blocks
 from . import mixed_precision, sharded
 
 
@@ -297,7 +299,9 @@ def chunks(b: Bucket, compiled: bool = False) -> list[tuple[int, int]]:
     (a compiled core makes no temporaries; an accelerator's kernels want the whole buffer)."""
     total = b.mu.numel()
     count = 1 if compiled or b.mu.device.type != "cpu" else max(1, min(4, total // CPU_CHUNK))
-    bounds = [total * i // count for i in range(count + 1)]
+    # cut at whole rows of the trust region's sum, so the pieces' sums are the whole bucket's bits
+    row = blocks.SUM_BLOCK if total >= count * blocks.SUM_BLOCK else 1
+    bounds = sorted({total * i // count // row * row for i in range(count)} | {total})
     return [(start, end - start) for start, end in itertools.pairwise(bounds)]
 
 
@@ -305,22 +309,35 @@ def _piece(state: dict[str, Any], start: int, length: int) -> dict[str, Any]:
     return {k: v.narrow(0, start, length) if isinstance(v, Tensor) else v for k, v in state.items()}
 
 
-@torch.no_grad()
-def update(b: Bucket, rule_update: Callable[..., None], grad: Tensor, curvs: Any, compiled: bool) -> None:
-    """``rule_update(means, grads, curvs, states)`` on the bucket, chunk by chunk (:func:`chunks`). A state
-    tensor the rule creates on a chunk (a lazily made buffer) is joined into one flat tensor; the scalars
-    it changes (a decayed weight) change alike in every chunk."""
+def update(
+    b: Bucket,
+    rule_update: Callable[..., Any],
+    grad: Tensor,
+    curvs: Any,
+    compiled: bool,
+    *,
+    plan: Any,
+    scope: Any,
+) -> None:
+    """``rule_update(means, grads, curvs, states)`` on the bucket, chunk by chunk (:func:`chunks`), as calls
+    of ``plan`` (a :class:`~.region.GroupUpdate`, which takes one trust region over them). A state tensor the
+    rule creates on a chunk (a lazily made buffer) is then joined into one flat tensor; the scalars it changes
+    (a decayed weight) change alike in every chunk."""
     curv = None if curvs is None else curvs[0]
     pieces = []
     for start, length in chunks(b, compiled):
         state = _piece(b.state, start, length)
-        rule_update(
+        lists = (
             TensorList([b.mu.narrow(0, start, length)]),
             TensorList([grad.narrow(0, start, length)]),
             None if curv is None else TensorList([curv.narrow(0, start, length)]),
-            [state],
         )
+        plan.add(scope, functools.partial(rule_update, *lists, [state]), sharded=b.sharded)
         pieces.append(state)
+    plan.then(functools.partial(_join, b, pieces))
+
+
+def _join(b: Bucket, pieces: list[dict[str, Any]]) -> None:
     for key, value in pieces[0].items():
         if not isinstance(value, Tensor):
             b.state[key] = value

@@ -9,8 +9,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-#: keys torch or LR schedulers put in groups, or that name a group; no rule reads them
-GENERIC = frozenset({"params", "name", "initial_lr"})
+#: keys torch or LR schedulers put in groups, or that name a group (``"region"``: the group an
+#: ``empirical_bayes="layer"`` split came from, whose trust region it shares); no rule reads them
+GENERIC = frozenset({"params", "name", "initial_lr", "region"})
 
 
 def warn_unknown(opt: Any, group: dict[str, Any]) -> None:

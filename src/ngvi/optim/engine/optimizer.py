@@ -12,6 +12,7 @@ gradient, refuses non-finite gradients without touching any state, and resumes b
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ from .closure import closure_loss, run_backward
 from .device_check import CHECKS, PendingChecks, agreed, masked, nonfinite_flags, use_device_check
 from .noise import NOISES, NoiseCheckpoint, NoiseSource
 from .perturbation import draw, slices, sqrt_prec_and_sigma
-from .prior import AUTO, initial_curvature
+from .prior import initial_curvature
+from .region import GroupUpdate
 
 __all__ = ["NOISES", "NonFiniteGradientError", "VariationalOptimizer", "initial_curvature"]
 
@@ -331,10 +333,10 @@ class VariationalOptimizer(Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state that this optimizer cannot use is refused with a ValueError that
         names what differs, and the optimizer is left as it was. A group saved before its rule had
-        ``kl_clip`` (the trust region, issue 32) resumes with ``"auto"``."""
+        ``kl_clip`` (the trust region, issue 32) resumes without one (``kl_clip=None``), as it was trained."""
         groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
         if "kl_clip" in self.defaults and isinstance(groups, list):
-            groups = [{"kl_clip": AUTO, **g} if isinstance(g, dict) else g for g in groups]
+            groups = [{"kl_clip": None, **g} if isinstance(g, dict) else g for g in groups]
             state_dict = {**state_dict, "param_groups": groups}
         state_checks.load(self, state_dict, super().load_state_dict)
         self._pending_checks.clear()
@@ -561,11 +563,14 @@ class VariationalOptimizer(Optimizer):
                 self.skipped_steps += 1
                 return loss
             raise NonFiniteGradientError(message)
-        with torch.no_grad():
+        with torch.no_grad(), contextlib.ExitStack() as masks:
             acc.mean_(sums)
+            plan = GroupUpdate()
+            scopes = {id(g): g.get("region", i) for i, g in enumerate(self.param_groups)}
             for s in sums:
+                scope = scopes[id(s.group)]
                 if s.bucket is not None:
-                    self._update_bucket(s, bad)
+                    self._update_bucket(s, bad, plan, scope, masks)
                     continue
                 states = [self.state[p] for p in s.params]
                 for state in states:
@@ -574,13 +579,13 @@ class VariationalOptimizer(Optimizer):
                     means = TensorList(mixed_precision.mean(self, p) for p in s.params[part])
                     grads = TensorList(t.detach() for t in s.grads.tensors[part])
                     curvs = None if s.curvs is None else TensorList(s.curvs.tensors[part])
-                    with (
-                        contextlib.nullcontext()
-                        if bad is None
-                        else masked(_written(s.params[part], means, states[part]), bad, states[part])
-                    ):
-                        self._update(s.group, means, grads, curvs, states[part])
-                        mixed_precision.write_back(self, s.params[part])
+                    if bad is not None:
+                        written = _written(s.params[part], means, states[part])
+                        masks.enter_context(masked(written, bad, states[part]))
+                    update = functools.partial(self._update, s.group, means, grads, curvs, states[part])
+                    plan.add(scope, update)
+                    plan.then(functools.partial(mixed_precision.write_back, self, s.params[part]))
+            plan.run()
         acc.clear()
         if bad is None:
             self._buffer_guard.commit()
@@ -592,15 +597,17 @@ class VariationalOptimizer(Optimizer):
         _diagnostics.after_step(self)  # warns once if the variance is frozen or at the float limits
         return loss
 
-    def _update_bucket(self, s: Any, bad: Tensor | None) -> None:
+    def _update_bucket(self, s: Any, bad: Tensor | None, plan: GroupUpdate, scope: Any, masks: Any) -> None:
         """The rule's update on a bucket's flat tensors, as on one parameter (:mod:`.flat`)."""
         b = s.bucket
         b.gather()
         b.state["step"] += 1
-        with contextlib.nullcontext() if bad is None else masked(b.written(), bad):
-            flat.update(b, lambda *args: self._update(s.group, *args), s.grads[0], s.curvs, self.compile)
-            b.write_back()
-        b.sync_state()
+        if bad is not None:
+            masks.enter_context(masked(b.written(), bad))
+        update = functools.partial(self._update, s.group)
+        flat.update(b, update, s.grads[0], s.curvs, self.compile, plan=plan, scope=scope)
+        plan.then(b.write_back)
+        plan.then(b.sync_state)
 
     def _flag_on_device(self, sums: list[Any], loss: Tensor | None) -> Tensor:
         """The device path's check (:mod:`.device_check`): a 0-dim bool on the device, True when any ĝ, ĥ

@@ -48,16 +48,16 @@ KL_CLIP = 1e-2
 
 
 def kl_clip_of(group: dict[str, Any]) -> float | None:
-    """κ of a diagonal rule's trust region on its natural step, or None for none.
+    """κ of a rule's trust region on its natural step, or None for none: the one meaning of ``"auto"`` for
+    every rule and family (docs/CHOOSING.md, "The trust region").
 
-    ``"auto"`` (also a checkpoint's group saved before ``kl_clip`` existed) is :data:`KL_CLIP` with ngvi's
-    start (``init_prec="auto"``, s₀ = 1: a unit-scale likelihood assumed; IVON, without ``init_prec``, always)
-    and no region with a start the caller chose (``None``, the papers', or a number: the golden trajectories
-    and the experiments' protocols pin those with their own step sizes); a number is κ."""
+    ``"auto"`` is :data:`KL_CLIP` for every start but the papers' (``init_prec=None``, q₀ the prior, which
+    the golden trajectories and the experiments' protocols pin with their own step sizes): ngvi's start
+    (``"auto"``), a number, IVON's ``hess_init`` and VadaGrad's ``init_prec``. A number is κ; None: no region.
+    A checkpoint saved before its rule had ``kl_clip`` resumes with None: the region it never had."""
     kappa = group.get("kl_clip", AUTO)
     if isinstance(kappa, str) and kappa == AUTO:
-        init = group.get("init_prec", AUTO)
-        return KL_CLIP if isinstance(init, str) and init == AUTO else None
+        return None if "init_prec" in group and group["init_prec"] is None else KL_CLIP
     return kappa
 
 

@@ -3,8 +3,10 @@ helpers the cores use where a ``torch._foreach_*`` overload only takes Python nu
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Union
 
 import torch
@@ -23,15 +25,32 @@ Nums = Union[Sequence[float], Sequence[Tensor]]  # noqa: UP007
 # Running a core: eager, or compiled with captured (tensor) hyperparameters
 # ------------------------------------------------------------------------------------------------------------
 _COMPILED: dict[tuple[Any, ...], Callable[..., Any]] = {}
+_DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("ngvi_defer_region", default=False)
+
+
+@contextlib.contextmanager
+def deferring_region(defer: bool = True) -> Iterator[None]:
+    """Inside, :func:`run_core` returns a trust-region core (:func:`~.blocks.region_core`) unstarted, in its
+    generator form, for the engine to take one ν over all the pieces of a group (always eager: a compiled
+    function cannot stop half-way). Outside, every core runs to the end."""
+    token = _DEFER.set(defer)
+    try:
+        yield
+    finally:
+        _DEFER.reset(token)
 
 
 def run_core(core: Callable[..., Any], *lists: Any, compile: bool = False, **hyper: Any) -> Any:
     """``core(*lists, **hyper)``; with ``compile=True`` through a cached ``torch.compile`` of the core.
+    Inside :func:`deferring_region` a trust-region core's generator is returned instead, unstarted.
 
     ``lists`` are the tensor lists (``None`` allowed). In the compiled call every ``int``/``float`` in
     ``hyper`` becomes a 0-dim float64 tensor and every list of numbers a list of them, so changing values
     (lr under a scheduler, the step count) reuse the compiled code; ``None``, bools, strings and callables are
     static: they and the lists' structure select the compiled function."""
+    deferred = getattr(core, "deferred", None)
+    if deferred is not None and _DEFER.get():
+        return deferred(*lists, **hyper)
     if not compile:
         return core(*lists, **hyper)
     plain = [None if x is None else list(x) for x in lists]

@@ -1,6 +1,11 @@
-"""Blocks shared by several rules: Adam's moments and step, the Riemannian curvature EMA."""
+"""Blocks shared by several rules: Adam's moments and step, the Riemannian curvature EMA, the trust region."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -105,10 +110,9 @@ SUM_BLOCK = 4096
 
 
 def summed(tensors: Tensors, weights: Nums | None = None) -> Tensor:
-    """Σᵢ wᵢ Σ tensorᵢ, a 0-dim tensor in their dtype: the trust region's m from the products uᵢ²/Pᵢ (or
-    Δᵢuᵢ) the caller made in one temporary. On the CPU each sum is taken in rows of :data:`SUM_BLOCK`, then
-    over the rows' sums, so a step is bitwise the same for any thread count (``noise="chunked"``'s
-    promise)."""
+    """Σᵢ wᵢ Σ tensorᵢ, a 0-dim tensor in their dtype. On the CPU each sum is taken in rows of
+    :data:`SUM_BLOCK`, then over the rows' sums, so a step is bitwise the same for any thread count
+    (``noise="chunked"``'s promise)."""
     sums = [_sum_by_rows(t) if t.device.type == "cpu" else t.sum() for t in tensors]
     if weights is not None:
         sums = [x * w for x, w in zip(sums, weights, strict=True)]
@@ -117,15 +121,18 @@ def summed(tensors: Tensors, weights: Nums | None = None) -> Tensor:
 
 def natural_sq_length(numer: Tensors, denom: Tensors, weights: Nums | None = None) -> Tensor:
     """m = Σᵢ wᵢ Σ uᵢ²/Pᵢ for :func:`trust_region`, as ⟨u, u/P⟩: one temporary per tensor (:func:`summed`)."""
-    return summed(_div(TensorList(numer), denom).mul_(numer), weights)
+    return summed(sq_terms(numer, denom), weights)
+
+
+def sq_terms(numer: Tensors, denom: Tensors) -> TensorList:
+    """The terms uᵢ²/Pᵢ of the squared natural length, as ⟨u, u/P⟩: one new tensor per tensor."""
+    return _div(TensorList(numer), denom).mul_(numer)
 
 
 def _sum_by_rows(t: Tensor) -> Tensor:
     t = t.reshape(-1)
     while t.numel() > SUM_BLOCK:
-        whole = t.numel() - t.numel() % SUM_BLOCK
-        rows = t[:whole].view(-1, SUM_BLOCK).sum(1)
-        t = torch.cat([rows, t[whole:].sum().reshape(1)]) if whole < t.numel() else rows
+        t = _first_level(t)
     return t.sum()
 
 
@@ -134,3 +141,78 @@ def scale_(tensors: Tensors, nu: Tensor) -> None:
     on every device, and Inductor would fold a captured one into a constant)."""
     for t in tensors:
         t.mul_(nu.to(t.dtype))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The trust region of a whole parameter group, however its update is cut into pieces
+# ------------------------------------------------------------------------------------------------------------
+@dataclass
+class RegionTerm:
+    """What a core with a trust region yields before it moves μ: the element-wise terms whose total is the
+    squared natural length m (``products``: uᵢ²/Pᵢ, or Δᵢuᵢ), with its lr and κ. It is sent back ν."""
+
+    products: list[Tensor]
+    lr: Num
+    kappa: Num
+
+
+RegionCore = Generator[RegionTerm, Tensor, None]
+
+
+def region_core(steps: Callable[..., RegionCore]) -> Callable[..., None]:
+    """A core whose trust region is taken over the tensors it is given, made from the generator form
+    ``steps`` (``nu = yield RegionTerm(...)``). ``core.deferred`` is that form: the engine runs every piece
+    of a parameter group to its ``yield``, takes one ν for the group (:func:`region_nu`) and sends it to
+    each piece, so a step does not depend on how the group was cut (CPU pieces, buckets, ranks)."""
+
+    @functools.wraps(steps)
+    def core(*args: Any, **kwargs: Any) -> None:
+        run_locally(steps(*args, **kwargs))
+
+    core.deferred = steps  # type: ignore[attr-defined]
+    return core
+
+
+def run_locally(steps: RegionCore) -> None:
+    """Drive one core on its own: ν from its own terms."""
+    try:
+        term = next(steps)
+    except StopIteration:
+        return
+    nu = trust_region(total_length([term.products]), lr=term.lr, kappa=term.kappa)
+    try:
+        steps.send(nu)
+    except StopIteration:
+        return
+    raise RuntimeError("a trust-region core yields once")
+
+
+def total_length(parts: list[list[Tensor]]) -> Tensor:
+    """m = Σ of every element of ``parts`` (lists of tensors, in the group's order), summed as one flat
+    vector would be by :func:`summed` on the CPU: pieces that start at a multiple of :data:`SUM_BLOCK` and
+    span whole rows are reduced to their rows' sums where they are, the rest joined first. So a group cut
+    into aligned pieces (the flat buckets' CPU pieces) and the same group as one tensor, or as its parameters
+    one by one (then joined), give the same bits."""
+    tensors = [t.reshape(-1) for part in parts for t in part]
+    if not tensors:
+        return torch.zeros(())
+    if tensors[0].device.type != "cpu":
+        return sum(t.sum() for t in tensors)
+    if sum(t.numel() for t in tensors) <= SUM_BLOCK:
+        return _sum_by_rows(torch.cat(tensors) if len(tensors) > 1 else tensors[0])
+    rows, rest = [], []
+    for t in tensors:
+        if not rest and t.numel() % SUM_BLOCK == 0:
+            rows.append(t.view(-1, SUM_BLOCK).sum(1))  # whole rows at an aligned start: the first level
+        else:
+            rest.append(t)
+    if rest:
+        rows.append(_first_level(torch.cat(rest) if len(rest) > 1 else rest[0]))
+    return _sum_by_rows(torch.cat(rows) if len(rows) > 1 else rows[0])
+
+
+def _first_level(t: Tensor) -> Tensor:
+    """The rows' sums of ``t`` and the sum of its last, partial row: :func:`_sum_by_rows`' first pass."""
+    whole = t.numel() - t.numel() % SUM_BLOCK
+    rows = t[:whole].view(-1, SUM_BLOCK).sum(1)
+    return torch.cat([rows, t[whole:].sum().reshape(1)]) if whole < t.numel() else rows

@@ -19,13 +19,14 @@ from ._capture import (
     _mul,
 )
 from .blocks import (
+    RegionCore,
+    RegionTerm,
     adam_moments_,
     adam_step_,
-    natural_sq_length,
+    region_core,
     riemannian_ema_,
     scale_,
-    summed,
-    trust_region,
+    sq_terms,
 )
 
 
@@ -86,6 +87,7 @@ def vprop_update_(
     _addcdiv_(mu, step, _add_(root, prior_tilde), -lr)
 
 
+@region_core
 def von_update_(
     means: Tensors,
     grads: Tensors,
@@ -98,7 +100,7 @@ def von_update_(
     prior_tilde: Num,
     momentum: Num = 0.0,
     kl_clip: Num | None = None,
-) -> None:
+) -> RegionCore:
     r"""VON (Khan et al. 2018, eqs. 7–8) with the Riemannian correction, in place on μ and s:
 
     .. math::
@@ -109,14 +111,15 @@ def von_update_(
     with the new s in eq. 7 (the natural-gradient step uses the updated precision). The last term is the
     natural momentum of eq. 18 (App. E), γ = ``momentum``; ``momentum_buffer`` holds μ_t − μ_{t−1}
     (``None``: no momentum, eqs. 7–8 alone). ``kl_clip`` = κ scales the natural step α(ĝ + λ̃μ)/(s + λ̃),
-    before the momentum, by :func:`~.blocks.trust_region`'s ν (``None``: no trust region)."""
+    before the momentum, by :func:`~.blocks.trust_region`'s ν (``None``: no trust region), with
+    m = Σ (ĝ + λ̃μ)²/(s + λ̃) over the whole group (:func:`~.blocks.region_core`)."""
     mu, s = TensorList(means), TensorList(hess)
     before = None if momentum_buffer is None else _add(s, prior_tilde)  # s_t + λ̃
     riemannian_ema_(s, curvs, beta=beta, damping=prior_tilde)
     step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
     precision = _add(s, prior_tilde)  # s_{t+1} + λ̃
     if kl_clip is not None:
-        scale_(step, trust_region(natural_sq_length(step, precision), lr=lr, kappa=kl_clip))
+        scale_(step, (yield RegionTerm(sq_terms(step, precision), lr, kl_clip)))
     if momentum_buffer is None:
         _addcdiv_(mu, step, precision, -lr)
         return
@@ -127,6 +130,7 @@ def von_update_(
     mu.add_(buffers)
 
 
+@region_core
 def ivon_update_(
     means: Tensors,
     grads: Tensors,
@@ -141,7 +145,7 @@ def ivon_update_(
     bias1: Nums,
     clip_radius: Num | None = None,
     kl_clip: Num | None = None,
-) -> None:
+) -> RegionCore:
     r"""IVON (Shen et al. 2024, Alg. 1, as in docs/NOTATION.md), in place on m, ḡ, h:
 
     .. math::
@@ -151,7 +155,7 @@ def ivon_update_(
 
     ``bias1`` = 1−β₁ᵗ per tensor, δ = ``weight_decay``; ``clip_radius=None`` means no clipping.
     ``kl_clip`` = κ scales the step by :func:`~.blocks.trust_region`'s ν in the metric h + δ, before the
-    element-wise clip (``None``: no trust region)."""
+    element-wise clip (``None``: no trust region), m over the whole group (:func:`~.blocks.region_core`)."""
     m, g_bar, h = TensorList(means), TensorList(momentum), TensorList(hess)
     g_bar.lerp_(TensorList(grads), 1 - beta1)
     riemannian_ema_(h, curvs, beta=1 - beta2, damping=weight_decay, coef=0.5 * (1 - beta2) ** 2)
@@ -161,12 +165,13 @@ def ivon_update_(
         step = numer.div_(precision)
     else:  # m = Σ step·u = Σ u²/(h + δ), with the numerator u kept
         step = _div(numer, precision)
-        scale_(step, trust_region(summed(_mul(step, numer)), lr=lr, kappa=kl_clip))
+        scale_(step, (yield RegionTerm(_mul(step, numer), lr, kl_clip)))
     if clip_radius is not None:
         _clamp_(step, clip_radius)
     _add_scaled_(m, step, -lr)
 
 
+@region_core
 def noisy_adam_update_(
     means: Tensors,
     grads: Tensors,
@@ -181,7 +186,7 @@ def noisy_adam_update_(
     damping: Num,
     bias1: Nums,
     kl_clip: Num | None = None,
-) -> None:
+) -> RegionCore:
     r"""Noisy Adam (Zhang et al. 2018, Alg. 1, minimisation form), in place on μ, m, f:
 
     .. math::
@@ -190,16 +195,16 @@ def noisy_adam_update_(
         \mu \leftarrow \mu - \alpha\,\frac{m/(1-\beta_1^k)}{f + \gamma_{in} + \gamma_{ex}}
 
     ``curvs`` = ĝ², ``damping`` = γ_ex, ``bias1`` = 1−β₁ᵏ per tensor. ``kl_clip`` = κ scales the step by
-    :func:`~.blocks.trust_region`'s ν in the metric f + γ_in + γ_ex (``None``: no trust region)."""
+    :func:`~.blocks.trust_region`'s ν in the metric f + γ_in + γ_ex (``None``: no trust region), m over the
+    whole group (:func:`~.blocks.region_core`)."""
     mu = TensorList(means)
     v = _mul(mu, gamma_in).add_(TensorList(grads))  # ĝ + γ_in μ
     adam_moments_(exp_avg, fisher, v, curvs, beta1=beta1, beta2=beta2)
     precision = _add(TensorList(fisher), gamma_in + damping)
     numer = TensorList(exp_avg)
     if kl_clip is not None:  # m = Σ m̂²/P with m̂ = m/(1−β₁ᵏ); ν divides the temporary P (exact where ν = 1)
-        nu = trust_region(natural_sq_length(numer, precision, [1 / (b * b) for b in bias1]),
-                          lr=lr, kappa=kl_clip)  # fmt: skip
-        scale_(precision, 1 / nu)
+        terms = sq_terms(numer, precision).mul_([1 / (b * b) for b in bias1])
+        scale_(precision, 1 / (yield RegionTerm(terms, lr, kl_clip)))
     _addcdiv_(mu, numer, precision, [-lr / b for b in bias1])
 
 
@@ -232,6 +237,7 @@ def badam_update_(
     adam_step_(means, exp_avg, exp_avg_sq, lr=lr, bias1=bias1, bias2=bias2, eps=eps)
 
 
+@region_core
 def vadagrad_update_(
     means: Tensors,
     grads: Tensors,
@@ -242,7 +248,7 @@ def vadagrad_update_(
     beta: Num,
     init_prec: Num = 1.0,
     kl_clip: Num | None = None,
-) -> None:
+) -> RegionCore:
     r"""VadaGrad (Khan et al. 2018, App. F, eq. 96), in place on μ and s:
     :math:`s \leftarrow s + \beta\hat g^2`, :math:`\mu \leftarrow \mu - \alpha\,\hat g/\sqrt s`.
 
@@ -252,11 +258,12 @@ def vadagrad_update_(
     _add_scaled_(s, TensorList(curvs), beta)
     root, step = s.sqrt(), TensorList(grads)
     if kl_clip is not None:  # m = Σ ĝ²/(√s·√s₀); ν divides the temporary √s (exact where ν = 1)
-        nu = trust_region(natural_sq_length(step, root) / init_prec**0.5, lr=lr, kappa=kl_clip)
-        scale_(root, 1 / nu)
+        terms = sq_terms(step, root).mul_(1 / init_prec**0.5)
+        scale_(root, 1 / (yield RegionTerm(terms, lr, kl_clip)))
     _addcdiv_(TensorList(means), step, root, -lr)
 
 
+@region_core
 def vogn_update_(
     means: Tensors,
     grads: Tensors,
@@ -270,7 +277,7 @@ def vogn_update_(
     momentum: Num,
     prior_tilde: Num,
     kl_clip: Num | None = None,
-) -> None:
+) -> RegionCore:
     r"""VOGN (Khan et al. 2018, eqs. 7 and 10) with natural momentum (App. E, eq. 82), in place on μ and s:
 
     .. math::
@@ -295,7 +302,7 @@ def vogn_update_(
     for out, s_t in zip(h_hat, s, strict=True):
         _add_into(out, s_t, prior_tilde)  # s_{t+1} + λ̃
     if kl_clip is not None:
-        scale_(step, trust_region(natural_sq_length(step, h_hat), lr=lr, kappa=kl_clip))
+        scale_(step, (yield RegionTerm(sq_terms(step, h_hat), lr, kl_clip)))
     if momentum_buffer is None:
         _addcdiv_(mu, step, h_hat, -lr)  # (7)
         return

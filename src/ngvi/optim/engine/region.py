@@ -1,0 +1,97 @@
+"""One update of the parameter groups, with one trust-region ν per group however the update is cut.
+
+A group's update runs as calls of its rule's core on pieces: the CPU pieces of a flat bucket, the buckets of a
+group with several dtypes or devices, the slices of the per-tensor path, one FSDP2 rank's shards. A core with
+a trust region (:func:`~ngvi.optim.functional.blocks.region_core`) stops before it moves μ and yields its
+terms of m = Σ u²/P. :class:`GroupUpdate` runs every call to that point, sums m over all the pieces of a
+scope (the group, or the group that ``empirical_bayes="layer"`` split into one per tensor), over the ranks
+in one all-reduce where a piece is a shard, and sends every piece the same ν. So a step means the same on
+every path: one piece or four, flat or per tensor, one process or R.
+
+A scope updated in one call with no shards runs its core to the end as before (compiled where asked); the
+ν it takes itself is the one :class:`GroupUpdate` would send.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Generator, Hashable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..functional._capture import deferring_region
+from ..functional.blocks import RegionTerm, total_length, trust_region
+
+
+class GroupUpdate:
+    """The calls of one step's update, each with its scope; :meth:`run` runs them (see the module)."""
+
+    def __init__(self) -> None:
+        self._calls: list[tuple[Hashable, bool, Callable[[], Any]]] = []
+        self._after: list[Callable[[], None]] = []
+
+    def add(self, scope: Hashable, call: Callable[[], Any], *, sharded: bool = False) -> None:
+        """``call()`` runs the rule's update on one piece of ``scope`` (it returns what ``_update`` does)."""
+        self._calls.append((scope, sharded, call))
+
+    def then(self, action: Callable[[], None]) -> None:
+        """``action()`` after every piece has moved μ (a write-back, joining a bucket's state)."""
+        self._after.append(action)
+
+    def run(self) -> None:
+        counts = Counter(scope for scope, _, _ in self._calls)
+        sharded = {scope for scope, shard, _ in self._calls if shard}
+        waiting: list[tuple[Hashable, Generator[RegionTerm, Tensor, None], RegionTerm]] = []
+        try:
+            for scope, _, call in self._calls:
+                with deferring_region(counts[scope] > 1 or scope in sharded):
+                    steps = call()
+                if isinstance(steps, Generator):
+                    term = next(steps, None)
+                    if term is not None:
+                        waiting.append((scope, steps, term))
+            nus = _nus(waiting, reduce_ranks=bool(sharded))
+            for scope, steps, _ in waiting:
+                try:
+                    steps.send(nus[scope])
+                except StopIteration:
+                    continue
+                raise RuntimeError("a trust-region core yields once")
+        finally:
+            for _, steps, _ in waiting:
+                steps.close()
+        for action in self._after:
+            action()
+
+
+def _nus(waiting: list[tuple[Hashable, Any, RegionTerm]], *, reduce_ranks: bool) -> dict[Hashable, Tensor]:
+    """ν of each scope from its pieces' terms, in the order they ran (the group's order)."""
+    terms: dict[Hashable, list[RegionTerm]] = {}
+    for scope, _, term in waiting:
+        terms.setdefault(scope, []).append(term)
+    lengths = {scope: _scaled_length(ts) for scope, ts in terms.items()}
+    if reduce_ranks and lengths:  # Σ over the ranks' shards: one collective for every scope
+        stacked = torch.stack([m.to(torch.float64) for m, _ in lengths.values()])
+        torch.distributed.all_reduce(stacked)
+        summed_over_ranks = zip(lengths.items(), stacked, strict=True)
+        lengths = {scope: (total.to(m.dtype), lr) for (scope, (m, lr)), total in summed_over_ranks}
+    nus = {}
+    for scope, (m, lr) in lengths.items():
+        kappas = {float(t.kappa) for t in terms[scope]}
+        if len(kappas) > 1:
+            raise ValueError(
+                "the parameter groups that empirical_bayes='layer' made from one group share one trust "
+                f"region, but their kl_clip differ ({sorted(kappas)}): set one kl_clip for them"
+            )
+        nus[scope] = trust_region(m, lr=lr, kappa=terms[scope][0].kappa)
+    return nus
+
+
+def _scaled_length(terms: list[RegionTerm]) -> tuple[Tensor, Any]:
+    """(m, α) with the scope's ν = trust_region(m, lr=α): one sum over all its terms where they share α (the
+    bits one call on the whole group gives), else Σ α²m per term with α = 1."""
+    if len({float(t.lr) for t in terms}) == 1:
+        return total_length([t.products for t in terms]), terms[0].lr
+    return sum(total_length([t.products]) * (t.lr * t.lr) for t in terms), 1.0

@@ -109,3 +109,37 @@ def test_lightning_with_a_cosine_schedule_is_the_plain_loop(name):
     for a, b in zip(opt.posterior().variance, twin.posterior().variance, strict=True):
         assert torch.equal(a, b)
     assert opt.diagnostics().precision_moved == 1.0
+
+
+class NaNAtTheEnd(Module):
+    """The last step's loss is NaN: under ``finite_check="device"`` that step is masked and flagged."""
+
+    def training_step(self, batch, batch_idx):
+        loss = loss_of(self.net, *batch)
+        return loss * float("nan") if self.trainer.global_step == STEPS - 1 else loss
+
+
+@pytest.mark.parametrize("callback", [True, False])
+def test_the_last_steps_deferred_error_is_read_at_the_end_of_fit(callback):
+    """Without ``CheckFinite`` the masked last step's error is lost: fit ends as if all went well."""
+    from ngvi.integrations.lightning import CheckFinite
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=BATCH)
+    module = NaNAtTheEnd(lambda m: ngvi.IVON(m.parameters(), N, seed=0, finite_check="device"))
+    trainer = lightning.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[CheckFinite()] if callback else [],
+    )
+    if callback:
+        with pytest.raises(ngvi.NonFiniteGradientError, match=f"step {STEPS} had a non-finite value"):
+            trainer.fit(module, loader)
+    else:
+        trainer.fit(module, loader)
+        assert len(trainer.optimizers[0]._pending_checks) == 1  # unread

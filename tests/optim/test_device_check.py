@@ -179,6 +179,75 @@ def test_reading_the_optimizer_waits_for_the_flags(where):
         getattr(opt, where)()
 
 
+def test_a_deferred_error_leaves_no_sample_behind_and_counts_no_skip():
+    """Issue 42, item 3. The manual form: step N's error comes at step N+1's ``step()``, after its sample is
+    pending. The error discards that sample, so a caller who catches it and goes on takes one sample per
+    step (before: the next step averaged two with mc_samples=1), and a raised step is not a skipped one."""
+    model, x, y = problem()
+    opt = ngvi.IVON(model.parameters(), data_size=50, finite_check="device", seed=0)
+    opt.step(nan_closure(opt, model, x, y, poison=True))  # masked, flagged, not yet read
+    with opt.sampled_params(train=True):
+        nan_closure(opt, model, x, y, poison=False)()
+    assert opt.accumulator.count == 1
+    with pytest.raises(ngvi.NonFiniteGradientError, match="1 pending posterior sample"):
+        opt.step()
+    assert opt.accumulator.count == 0 and opt.skipped_steps == 0
+    with opt.sampled_params(train=True):
+        nan_closure(opt, model, x, y, poison=False)()
+    assert opt.accumulator.count == 1  # one sample, not two
+    opt.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_loading_a_state_reports_a_masked_step_instead_of_dropping_it():
+    model, x, y = problem()
+    opt = ngvi.IVON(model.parameters(), data_size=50, finite_check="device", seed=0)
+    opt.step(nan_closure(opt, model, x, y, poison=False))
+    saved = opt.state_dict()
+    opt.step(nan_closure(opt, model, x, y, poison=True))
+    with pytest.warns(RuntimeWarning, match="step 2 had a non-finite value.*The state being loaded"):
+        opt.load_state_dict(saved)
+    assert len(opt._pending_checks) == 0
+
+
+def test_the_hugging_face_callback_reads_the_last_flags_at_the_end_of_training():
+    pytest.importorskip("transformers")
+    from ngvi.integrations.hf import NGVICallback
+
+    model, x, y = problem()
+    opt = ngvi.IVON(model.parameters(), data_size=50, finite_check="device", seed=0)
+    opt.step(nan_closure(opt, model, x, y, poison=True))  # the last step of a run
+    callback = NGVICallback()
+    callback._opt = opt
+    with pytest.raises(ngvi.NonFiniteGradientError, match="step 1"):
+        callback.on_train_end(None, None, None)
+
+
+@pytest.mark.parametrize(("name", "copies"), [("IVON", 3), ("Vadam", 3), ("VON", 3), ("NoisyAdam", 3)])
+def test_the_masks_memory_is_one_copy_of_mu_and_of_each_state_tensor(name, copies, monkeypatch):
+    """The device check's mask (docs/ARCHITECTURE.md, "The device check's memory") snapshots what the
+    update may write: μ and every state tensor (IVON: μ, ḡ, h), so the update's peak memory grows by that
+    many floats per weight while it runs; measured here as the bytes the snapshot copies."""
+    from ngvi.optim.engine import device_check
+
+    snapshots = []
+    real = device_check.masked
+
+    def recording(written, bad, states=()):
+        snapshots.append(sum(t.numel() * t.element_size() for t in dict.fromkeys(written)))
+        return real(written, bad, states)
+
+    monkeypatch.setattr(device_check, "masked", recording)
+    monkeypatch.setattr("ngvi.optim.engine.optimizer.masked", recording)
+    model, x, y = problem()
+    opt = getattr(ngvi, name)(model.parameters(), data_size=50, finite_check="device", seed=0)
+    opt.step(nan_closure(opt, model, x, y, poison=False))  # VON makes its momentum buffer here
+    snapshots.clear()
+    opt.step(nan_closure(opt, model, x, y, poison=False))
+    weights = sum(p.numel() for p in model.parameters())
+    assert sum(snapshots) == copies * weights * 4
+
+
 def test_host_is_the_default_and_the_joint_posteriors_stay_on_the_host():
     model, x, y = problem()
     opt = ngvi.Vadam(model.parameters(), data_size=50)

@@ -121,6 +121,8 @@ class NGVICallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
+        if self._opt is not None:  # the device check's last flags: a masked last step is not lost
+            self._opt.check_finite()
 
     def close(self) -> None:
         """Drop a sample that an error left open (μ restored, its noise rolled back); a no-op otherwise."""

@@ -338,8 +338,8 @@ class VariationalOptimizer(Optimizer):
         if "kl_clip" in self.defaults and isinstance(groups, list):
             groups = [{"kl_clip": None, **g} if isinstance(g, dict) else g for g in groups]
             state_dict = {**state_dict, "param_groups": groups}
+        self._read_checks(wait=True, loading=True)  # a masked step is reported, not dropped unread
         state_checks.load(self, state_dict, super().load_state_dict)
-        self._pending_checks.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         if self._in_sample:
@@ -642,19 +642,36 @@ class VariationalOptimizer(Optimizer):
         the host path, where every step was checked when it ran."""
         self._read_checks(wait=True)
 
-    def _read_checks(self, wait: bool) -> None:
+    def _read_checks(self, wait: bool, loading: bool = False) -> None:
+        """Act on the device path's flags that have arrived (all of them with ``wait``): a masked step raises
+        (its pending samples discarded first, so a caught error never leaves a sample of this step behind)
+        or, with ``skip_nonfinite=True``, is counted as skipped; when ``loading`` a state that replaces
+        the masked one, it is a warning."""
         found = self._pending_checks.arrived(wait)
-        self.skipped_steps += len(found)
-        if found and not self.skip_nonfinite:
-            step, places = found[0]
-            more = f" ({len(found) - 1} later step(s) too)" if len(found) > 1 else ""
-            raise NonFiniteGradientError(
-                f"{type(self).__name__}: step {step + 1} had a non-finite value in "
-                f"{', '.join(places)}{more}. "
-                "That update was masked on the device: μ and the optimizer state kept their values (the "
-                "steps queued after it were applied). Check the loss for NaN/Inf, lower the learning rate or "
-                "the initial variance (init_prec), or pass skip_nonfinite=True to skip such steps."
-            )
+        if not found:
+            return
+        if self.skip_nonfinite:
+            self.skipped_steps += len(found)
+            return
+        step, places = found[0]
+        more = f" ({len(found) - 1} later step(s) too)" if len(found) > 1 else ""
+        what = f"{type(self).__name__}: step {step + 1} had a non-finite value in {', '.join(places)}{more}. "
+        masked_note = (
+            "That update was masked on the device: μ and the optimizer state kept their values (the steps "
+            "queued after it were applied)."
+        )
+        if loading:
+            replaced = " The state being loaded replaces it."
+            warnings.warn(what + masked_note + replaced, RuntimeWarning, stacklevel=3)
+            return
+        pending = self.accumulator.count
+        self._discard_pending()
+        dropped = f" The {pending} pending posterior sample(s) were discarded." if pending else ""
+        advice = (
+            " Check the loss for NaN/Inf, lower the learning rate or the initial variance (init_prec), or "
+            "pass skip_nonfinite=True to skip such steps."
+        )
+        raise NonFiniteGradientError(what + masked_note + dropped + advice)
 
     # -- the posterior -------------------------------------------------------------------------------------
     def diagnostics(self) -> _diagnostics.Diagnostics:

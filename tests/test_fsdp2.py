@@ -133,6 +133,12 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
             results[name]["state_elements"], results[name]["shard_weights"] = counts, weights
         binding = {k: [t.tolist() for t in v] for k, v in _binding(rank, world).items()}
         extra = {"nan": _nan_on_one_rank(rank), "mixed": _mixed_precision(), "binding": binding}
+        defaults = {}  # noise left unset: the shards choose the noise that does not depend on the ranks
+        for name in ("IVON", "Vprop"):
+            net = _sharded(world)
+            opt = getattr(ngvi, name)(net.parameters(), 64, seed=3)
+            defaults[name] = opt.noise
+        extra["default_noise"] = defaults
         refusals = {}
         for name, options in (("VOGN", {}), ("IVON", {"noise": "normal"})):
             net = model()
@@ -265,6 +271,14 @@ def test_rules_that_span_layers_and_rank_dependent_noise_are_refused(sharded_run
     refusals = sharded_runs["refusals"]
     assert "DistributedDataParallel (DDP)" in refusals["VOGN"]
     assert "noise='chunked'" in refusals["IVON"]
+
+
+def test_sharded_parameters_choose_chunked_noise_by_default(sharded_runs):
+    """Issue 42, item 7: IVON's default noise and Vprop's default antithetic noise become "chunked" on
+    shards (given explicitly, other noise is still refused, above)."""
+    assert sharded_runs["default_noise"] == {"IVON": "chunked", "Vprop": "chunked"}
+    assert ngvi.IVON(model().parameters(), 64).noise == "normal"
+    assert ngvi.Vprop(model().parameters(), 64).noise == "antithetic"
 
 
 def test_a_nan_on_one_rank_stops_every_rank_and_changes_nothing(sharded_runs):

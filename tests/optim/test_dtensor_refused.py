@@ -59,12 +59,15 @@ def test_every_class_is_covered():
 
 @pytest.mark.parametrize("info", CLASSES)
 def test_a_fully_sharded_model_is_refused_naming_ddp_or_the_noise(info, mesh):
+    """The element-wise rules train shards with the noise they choose there ("chunked", issue 42 item 7)
+    and refuse other noise given explicitly; the others refuse shards, naming DDP."""
     model = _sharded(info.model(), mesh)
     elementwise = flat.takes_shards(info.build(info.model()))
     with pytest.raises(ValueError, match=NEEDS_CHUNKED if elementwise else REFUSED):
-        info.build(model)
-    if elementwise:  # and with keyed noise it trains (tests/test_fsdp2.py checks what it computes)
-        opt = info.build(model, noise="chunked")
+        info.build(model, **({"noise": "normal"} if elementwise else {}))
+    if elementwise:  # with the noise left unset it trains (tests/test_fsdp2.py checks what it computes)
+        opt = info.build(model)
+        assert opt.noise == "chunked"
         info.train(model, opt, 2)
 
 

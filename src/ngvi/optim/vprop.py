@@ -53,6 +53,8 @@ class Vprop(VariationalOptimizer):
     curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
+    default_noise = "antithetic"
+
     def __init__(
         self,
         params,
@@ -67,7 +69,6 @@ class Vprop(VariationalOptimizer):
         curvature: str | CurvatureEstimator = "grad2",
         **engine_kwargs: Any,
     ):
-        engine_kwargs.setdefault("noise", "antithetic")
         defaults = dict(
             data_size=data_size,
             lr=lr,

@@ -67,7 +67,9 @@ class VariationalOptimizer(Optimizer):
         seed: seed of the optimizer's own generators (``None``: drawn from torch's global RNG).
         skip_nonfinite: skip (and count) a non-finite step instead of raising NonFiniteGradientError.
         noise: ``"normal"``, ``"antithetic"`` (pairs ε, −ε: half the noise cost, one buffer more) or
-            ``"chunked"`` (independent ε drawn in seeded chunks on several threads, :mod:`.chunked`).
+            ``"chunked"`` (independent ε drawn in seeded chunks on several threads, :mod:`.chunked`); None
+            (default): the rule's own (:attr:`default_noise`), and ``"chunked"`` for FSDP2-sharded parameters,
+            whose ε must not depend on the number of ranks.
         noise_dtype: dtype of ε (``torch.float32`` for float64 parameters draws ~4× faster on CPU).
         rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
         compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).
@@ -110,6 +112,8 @@ class VariationalOptimizer(Optimizer):
     maskable_update: bool = True
     #: whether ``finite_check="auto"`` masks on an accelerator (False where the mask costs more than a read)
     device_check_by_default: bool = True
+    #: the noise of ``noise=None`` where no parameter is an FSDP2 shard
+    default_noise: str = "normal"
 
     @classmethod
     def builds_from_model(cls, **options: Any) -> bool:
@@ -154,7 +158,7 @@ class VariationalOptimizer(Optimizer):
         plugins: tuple[Any, ...] = (),
         seed: int | None = None,
         skip_nonfinite: bool = False,
-        noise: str = "normal",
+        noise: str | None = None,
         noise_dtype: torch.dtype | None = None,
         rank_noise: str = "shared",
         compile: bool = False,
@@ -178,9 +182,9 @@ class VariationalOptimizer(Optimizer):
         estimator = None if curvature is None else estimator_for(curvature, self.curvatures)
         self.curvature_estimator = estimator
         self.plugins = (*([estimator] if estimator is not None else []), *plugins)
-        self.noise_source = NoiseSource.configured(
-            seed, noise, noise_dtype, rank_noise, keep=self.needs_noise
-        )
+        mode = self.default_noise if noise is None else noise
+        self.noise_source = NoiseSource.configured(seed, mode, noise_dtype, rank_noise, keep=self.needs_noise)
+        self._noise_chosen = noise is not None  # else shards take "chunked" (:func:`.sharded.choose_noise`)
         self.skipped_steps = 0
         self.num_steps = 0
         self.accumulator = SampleAccumulator()
@@ -272,7 +276,7 @@ class VariationalOptimizer(Optimizer):
             check.nonempty_params(*where)
             if not flat.takes_shards(self):  # FSDP2's shards take the flat path, where θ is written there
                 check.no_dtensor(*where)
-            sharded.refuse_unless_supported(self, self.param_groups[-1]["params"])
+            sharded.choose_noise(self, self.param_groups[-1]["params"])
             self._check_group(self.param_groups[-1])
         except ValueError:
             self.param_groups.pop()  # a refused group leaves the optimizer as it was

@@ -48,16 +48,20 @@ def global_offset(p: Tensor) -> int:
     return offset[0] * math.prod(p.shape[1:])
 
 
-def refuse_unless_supported(opt: Any, params: list[Tensor]) -> None:
-    """A ValueError for sharded parameters on the flat path with noise that would depend on the number of
-    ranks (the rules off the flat path refuse DTensors before: ``_validation.no_dtensor``)."""
+def choose_noise(opt: Any, params: list[Tensor]) -> None:
+    """Sharded parameters draw ``noise="chunked"``, the noise that does not depend on the number of ranks:
+    chosen here where the caller left ``noise`` unset (before any draw), else a ValueError for other noise
+    (the rules off the flat path refuse DTensors before: ``_validation.no_dtensor``)."""
     shards = [p for p in params if is_sharded(p)]
     if not shards:
         return
     for p in shards:  # rows split on a 1-D mesh, or a clear error now rather than at the first draw
         global_offset(p)
     name = type(opt).__name__
-    if opt.noise_source.mode != "chunked" or opt.noise_source.rank_noise != "shared":
+    source = opt.noise_source
+    if not getattr(opt, "_noise_chosen", True) and source.num_draws == 0 and source.rank_noise == "shared":
+        source.mode, source.keep = "chunked", opt.needs_noise
+    if source.mode != "chunked" or source.rank_noise != "shared":
         raise ValueError(
             f"{name}: FSDP2-sharded parameters need noise='chunked' (and rank_noise='shared'): each "
             "weight's ε is then keyed by its place in the whole parameter, the same at any number of "

@@ -121,7 +121,7 @@ class NGVICallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
-        if self._opt is not None:  # the device check's last flags: a masked last step is not lost
+        if hasattr(self._opt, "check_finite"):  # the device check's last flags: a masked step is not lost
             self._opt.check_finite()
 
     def close(self) -> None:

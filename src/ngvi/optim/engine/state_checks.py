@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..._validation import NOISE_DTYPES
-from . import mixed_precision, sharded
+from . import chunked, flat, mixed_precision, sharded
 from .noise import NOISES, dtype_name
 
 #: state entries a rule creates only when an option needs them (heavy-ball buffers)
@@ -31,6 +31,7 @@ def engine_state(opt: Any) -> dict[str, Any]:
     by (the class and each group's parameter shapes, checked at load)."""
     return {
         **opt.noise_source.state_dict(),
+        **noise_stream(opt),
         "skipped_steps": opt.skipped_steps,
         "num_steps": opt.num_steps,
         "class": type(opt).__name__,
@@ -38,6 +39,19 @@ def engine_state(opt: Any) -> dict[str, Any]:
         # which parameters have state (torch's indices): one never given a gradient has none, legitimately
         "stateful": [i for i, p in enumerate(_params(opt)) if opt.state.get(p)],
     }
+
+
+#: the draws of each path: one per flat bucket, or one per parameter (another stream from the same seed)
+NOISE_PATHS = ("flat", "per_tensor")
+
+
+def noise_stream(opt: Any) -> dict[str, Any]:
+    """What the noise stream depends on beyond ``noise`` and ``noise_dtype`` (saved, checked at load): the
+    path's draws (:data:`NOISE_PATHS`) and, for ``noise="chunked"``, its chunk size."""
+    out: dict[str, Any] = {"noise_path": "flat" if flat.enabled(opt) else "per_tensor"}
+    if opt.noise_source.mode == "chunked":
+        out["noise_chunk"] = chunked.CHUNK
+    return out
 
 
 def _params(opt: Any) -> list[Tensor]:
@@ -163,13 +177,21 @@ def _check_noise(opt: Any, name: str, extra: dict[str, Any]) -> None:
     """The state's ``noise=`` and ``noise_dtype=`` must be this optimizer's: another kind of noise resumes
     another run (an antithetic pair saved half-way would not be completed). States saved before they were
     recorded lack them and are accepted."""
-    source = opt.noise_source
-    checks = (("noise", source.mode, NOISES), ("noise_dtype", dtype_name(source.dtype), _DTYPE_NAMES))
+    source, stream = opt.noise_source, noise_stream(opt)
+    checks = (
+        ("noise", source.mode, NOISES),
+        ("noise_dtype", dtype_name(source.dtype), _DTYPE_NAMES),
+        ("noise_path", stream["noise_path"], NOISE_PATHS),
+        ("noise_chunk", stream.get("noise_chunk"), None),  # any size: a mismatch says which
+    )
     for key, here, accepted in checks:
         if key not in extra:
             continue
         saved = extra[key]
-        if not (saved is None or isinstance(saved, str)) or saved not in accepted:
+        integer = isinstance(saved, int) and not isinstance(saved, bool)
+        if accepted is None and not (saved is None or integer):
+            raise ValueError(f"{name}.load_state_dict: 'ngvi'/{key!r} must be an integer or None: {saved!r}")
+        if accepted is not None and (not (saved is None or isinstance(saved, str)) or saved not in accepted):
             raise ValueError(
                 f"{name}.load_state_dict: 'ngvi'/{key!r} must be one of {accepted}, got {saved!r}"
             )
@@ -177,8 +199,17 @@ def _check_noise(opt: Any, name: str, extra: dict[str, Any]) -> None:
             shown, now = (_shown(key, v) for v in (saved, here))
             raise ValueError(
                 f"{name}.load_state_dict: the state was saved with {key}={shown}, this optimizer has "
-                f"{key}={now}: the resumed run would draw other noise; build it with {key}={shown}"
+                f"{key}={now}: the resumed run would draw other noise; {_fix(key, shown)}"
             )
+
+
+def _fix(key: str, shown: str) -> str:
+    if key == "noise_path":
+        flag = "flat=None (the default)" if shown == "'flat'" else "flat=False"
+        return f"build it with {flag}, the path it was trained on"
+    if key == "noise_chunk":
+        return f"it was saved by an ngvi whose chunked noise used chunks of {shown} elements"
+    return f"build it with {key}={shown}"
 
 
 def _shown(key: str, value: str | None) -> str:

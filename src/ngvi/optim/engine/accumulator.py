@@ -66,8 +66,9 @@ class SampleAccumulator:
                 continue
             if any(p.grad.is_sparse for p in params):
                 raise RuntimeError(f"{type(opt).__name__} does not support sparse gradients")
-            if self._add_flat(opt, group, params, keep_grad_refs):
+            if self._add_flat(opt, group, params):
                 continue
+            self._spill(group)  # earlier samples of this step went to the buckets: one sum per parameter
             states = [opt.state_of(group, p) for p in params]
             grads = TensorList(mixed_precision.upcast(opt, p, p.grad.detach()) for p in params)
             curvs = None
@@ -85,10 +86,9 @@ class SampleAccumulator:
                     _add(self.curvs, p, mixed_precision.upcast(opt, p, curvs[i]), keep_ref=True)
         self.count += 1
 
-    def _add_flat(self, opt: Any, group: dict[str, Any], params: list[Tensor], keep_grad_refs: bool) -> bool:
+    def _add_flat(self, opt: Any, group: dict[str, Any], params: list[Tensor]) -> bool:
         """The sample of a group whose parameters all have a gradient, into its buckets' flat sums (True),
-        or False for the per-tensor path. With ``keep_grad_refs`` (one sample, the closure form: the step
-        follows at once) ``p.grad`` then views the flat copy, so ĝ is not held twice."""
+        or False for the per-tensor path."""
         trainable = opt.trainable(group)
         if not flat.enabled(opt) or len(params) != len(trainable) or any(p in self.grads for p in params):
             return False
@@ -97,10 +97,24 @@ class SampleAccumulator:
             return False
         for b in buckets:
             first = all(b is not pending for _, pending in self.buckets)
-            flat.add_sample(b, first, _bucket_estimator(opt, group, b), rebind_grads=keep_grad_refs)
+            flat.add_sample(b, first, _bucket_estimator(opt, group, b))
             if first:
                 self.buckets.append((group, b))
         return True
+
+    def _spill(self, group: dict[str, Any]) -> None:
+        """Move the pending bucket sums of ``group`` into per-parameter sums (copies: θ's buffer, where a
+        bucket keeps its Σĝ, is written by the next draw), for a sample that takes the per-tensor path (a
+        parameter without a gradient): every parameter then has one sum and the group one update."""
+        for b in [b for g, b in self.buckets if g is group]:
+            grads = b.pieces(b.grad.clone())
+            curvs = b.pieces(b.curv.clone()) if b.curv is not None else None
+            for i, p in enumerate(b.params):
+                self.grads[p] = grads[i].view(b.locals[i].shape)
+                if curvs is not None:
+                    self.curvs[p] = curvs[i].view(b.locals[i].shape)
+            b.grad = b.curv = None
+            self.buckets = [(h, c) for h, c in self.buckets if c is not b]
 
     def clear(self) -> None:
         self.grads.clear()

@@ -128,7 +128,6 @@ class Bucket:
             self.theta_views = _views(self.theta, self.locals)
         self.bound = self._binding(params)  # what `current` compares, per parameter
         self.grad: Tensor | None = None  # Σĝ while a step is pending (θ's buffer after the first sample)
-        self.grads_bound = False  # the parameters' .grad view θ's buffer (add_sample's rebind_grads)
         self.curv: Tensor | None = None  # Σĥ while a step is pending
         self._gathered: tuple[Tensor, list[Tensor]] | None = None  # Σĥ of a per-parameter estimator, views
         self.state: dict[str, Any] = {**{k: states[0][k] for k in self.scalars}, **self.flat}
@@ -354,11 +353,6 @@ def perturb(opt: Any, group: dict[str, Any], b: Bucket, reuse: bool) -> None:
     noise = opt.noise_source
     if b.grad is b.theta:  # a pending sample's Σĝ (manual form) lives in θ's buffer: move it out
         b.grad = b.theta.clone()
-    if b.grads_bound:  # p.grad viewing θ's buffer (add_sample): not to see the next sample written there
-        for p, view in zip(b.params, b.theta_views, strict=True):
-            if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
-                p.grad = None
-        b.grads_bound = False
     b.gather()
     if noise.keep:  # the curvature reads ε: one kept buffer for the bucket
         eps = noise.draw(b.param_flat, reuse, b.segments)
@@ -392,21 +386,13 @@ def restore(b: Bucket) -> None:
 
 
 @torch.no_grad()
-def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Any], rebind_grads: bool = False) -> None:
+def add_sample(b: Bucket, first: bool, estimate: Callable[[Tensor], Any]) -> None:
     """Add the sample in ``p.grad`` to the bucket's sums: ĝ copied flat into θ's buffer with one
     multi-tensor copy (the buffer is free once μ is restored; a pending sum is moved out before the next
     draw), in float32 for a promoted bucket, and ĥ from ``estimate(ĝ)`` on the flat sample (or per parameter,
-    gathered: :meth:`Bucket.gather_curvature`).
-
-    ``rebind_grads`` (a step's only sample, in ``step(closure)``): each ``p.grad`` becomes its view of the
-    copy, the same values, so the gradient is not held twice while the rule updates (the memory of the
-    per-tensor path, which read ``p.grad`` in place); the next draw sets such a ``p.grad`` to None before it
-    writes θ there, as the closure's ``zero_grad()`` would."""
+    gathered: :meth:`Bucket.gather_curvature`). ``p.grad`` stays the caller's own tensor: a gradient that user
+    code keeps is never a view of a buffer the engine writes again."""
     torch._foreach_copy_(b.theta_views, [sharded.local(p.grad) for p in b.params])
-    if rebind_grads and not b.sharded:
-        for p, view in zip(b.params, b.theta_views, strict=True):
-            p.grad = view
-        b.grads_bound = True
     target = b.theta.float() if b.promoted else b.theta
     curv = estimate(target)
     if isinstance(curv, list):  # one ĥ per parameter (a layer's hooks): summed into the bucket's buffer

@@ -91,3 +91,31 @@ def restore_float32_state(opt: Any, state_dict: dict[str, Any]) -> None:
         for k, value in entry.items():
             if k != "step" and isinstance(value, Tensor) and value.is_floating_point():
                 opt.state[p][k] = value.to(device=p.device, dtype=torch.float32, copy=True)
+
+
+def check_dtypes(opt: Any) -> None:
+    """A TypeError naming the first parameter whose dtype changed since its state was made (``model.double()``
+    or ``.to(torch.bfloat16)`` after a step): its state and μ are in the old dtype, and no conversion keeps
+    the run it belongs to. O(parameters) in Python, no tensor read."""
+    for gi, group in enumerate(opt.param_groups):
+        for j, p in enumerate(group["params"]):
+            state = opt.state.get(p)
+            if not state:
+                continue
+            master = state.get("master")
+            ref = master if master is not None else next((v for v in state.values() if _floating(v)), None)
+            if ref is None:
+                continue
+            low = p.dtype in LOW_PRECISION and opt.fp32_state
+            if not (low if master is not None else ref.dtype == p.dtype):
+                made = ref.dtype if master is None else "bfloat16/float16 (with a float32 master)"
+                raise TypeError(
+                    f"{type(opt).__name__}: param_groups[{gi}]['params'][{j}] is now {p.dtype}, but its "
+                    f"optimizer state was made for {made}: change the model's dtype before building the "
+                    "optimizer; after a change, build a new optimizer (or load_state_dict a state saved "
+                    "with this dtype)"
+                )
+
+
+def _floating(v: Any) -> bool:
+    return isinstance(v, Tensor) and v.is_floating_point()

@@ -412,6 +412,7 @@ class VariationalOptimizer(Optimizer):
                 "a posterior sample is already open: sampled_params() blocks cannot be nested, and "
                 "begin_sample() needs end_sample() first (end_sample(discard=True) after an error)"
             )
+        mixed_precision.check_dtypes(self)  # a model.double() after a step: named, not a KeyError in a draw
         checkpoint = self.noise_source.checkpoint()  # a discarded sample rolls back to here
         self._backward_done = False
         if perturb:

@@ -30,6 +30,7 @@ matplotlib is imported inside (``Figure`` and its Agg canvas, no pyplot and no g
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from . import metrics
 from ._version import __version__
 from .evaluation import classification_metrics, token_rows
 from .optim.protocol import unwrap
+from .posterior._format import is_rule_name
 from .predict import OutputSelector, batch_size_of, predict, take
 
 __all__ = ["UncertaintyReport", "coverage_curve", "pit", "uncertainty_report"]
@@ -247,8 +249,23 @@ def _describe(opt: Any) -> str:
         post = inner.posterior()
     except (NotImplementedError, AttributeError):
         return f"`{rule}`"
-    rule = getattr(post, "rule", None) or rule
-    return f"`{rule}` ({type(post).__name__} over {post.numel():,} weights)"
+    rule = getattr(post, "rule", None) or rule  # a loaded posterior's: text from a file
+    return f"{_code(rule)} ({type(post).__name__} over {post.numel():,} weights)"
+
+
+def _code(text: Any) -> str:
+    """``text`` as an inline code span when it is a class name (the rule as ngvi records it), otherwise as
+    escaped plain text: no HTML, link, image, table cell or line break of it reaches the card."""
+    text = str(text)
+    if is_rule_name(text):
+        return f"`{text}`"
+    flat = " ".join(text.split())[:100]  # newlines and other whitespace: one space (no forged rows)
+    escaped = html.escape(flat, quote=True)  # no raw HTML
+    return "an unchecked name, " + "".join(f"\\{c}" if c in _MARKDOWN else c for c in escaped)
+
+
+#: the characters that carry markdown syntax (links, images, emphasis, tables, code), escaped by a backslash
+_MARKDOWN = frozenset("\\`*_{}[]()#+-.!|~<>")
 
 
 def _markdown(title, task, m, describe, noise_std, n_bins) -> str:

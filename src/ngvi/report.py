@@ -167,7 +167,11 @@ def uncertainty_report(
     """Write ``out/report.md`` and ``out/reliability.png`` (see the module docstring) and return the numbers.
 
     ``task``: ``"classification"`` (logits [N, C] or token-level [N, T, V]) or ``"regression"`` (outputs
-    shaped like y, and ``noise_std``, the Gaussian likelihood's noise s.d., required)."""
+    shaped like y, and ``noise_std``, the Gaussian likelihood's noise s.d., required). Refused before
+    anything is written, in one line naming the argument: data with no points, a batch whose y has
+    another number of rows than its inputs, NaN or inf inputs (``data`` or ``ood``) or targets, and
+    ``samples``, ``batch_size`` or ``n_bins`` that are not positive ints. A rule named by a loaded
+    posterior reaches the card only as a class name; anything else is escaped."""
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     if task == "regression" and not (isinstance(noise_std, int | float) and noise_std > 0):

@@ -59,11 +59,3 @@ def test_a_resume_with_another_setting_is_still_refused(tmp_path):
     with pytest.raises(ValueError, match=r"data_size given 64, checkpoint 32") as err:
         tr.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert "weight_decay" not in str(err.value)  # the learned prior is not a setting
-
-
-def test_empirical_bayes_bounds_must_be_numbers():
-    with pytest.raises(ValueError, match=r"bounds must be two numbers \(low, high\), got \('1e-3', '1e3'\)"):
-        ngvi.EmpiricalBayes(bounds=("1e-3", "1e3"))
-    with pytest.raises(ValueError, match="bounds must be two numbers"):
-        ngvi.EmpiricalBayes(bounds=(True, 10.0))
-    assert ngvi.EmpiricalBayes(bounds=(1, 1e3)).bounds == (1, 1e3)  # ints are numbers

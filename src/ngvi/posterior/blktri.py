@@ -208,7 +208,7 @@ class BlockTridiagonalGaussian(GaussianPosterior):
         ):
             raise ValueError("structure 'layers' must be a list of non-empty lists of parameter indices")
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf:
-            raise ValueError(f"structure 'scale' must be a finite number > 0, got {str(scale)[:40]}")
+            raise ValueError(f"structure 'scale' must be a finite number > 0, got {repr(scale)[:40]}")
         chain = []  # the bases and eigenvalues are required, the links to the next layer only before the last
         for k in range(len(layers)):
             fields = [tensors[f"chain.{k}.{f}"] for f in CHAIN_FIELDS[:4]]

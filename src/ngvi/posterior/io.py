@@ -117,7 +117,7 @@ def _read(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     except Exception as err:
         detail = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"{path} is not a readable safetensors file ({detail})") from None
+        raise ValueError(f"{path} is not a readable safetensors file ({quoted(detail, 120)})") from None
     return metadata, tensors
 
 
@@ -296,8 +296,10 @@ def load_posterior(path: str | os.PathLike[str], model: nn.Module | None = None)
         except KeyError as err:
             raise _Corrupt(f"tensor {quoted(str(err.args[0]))} is missing; the file is corrupt") from None
         except _BUILD_ERRORS as err:
-            detail = (str(err).splitlines() or [""])[0][:200] or type(err).__name__
-            raise _Corrupt(f"the {meta['family']} tensors do not make a posterior ({detail})") from None
+            detail = (str(err).splitlines() or [""])[0] or type(err).__name__
+            raise _Corrupt(
+                f"the {meta['family']} tensors do not make a posterior ({quoted(detail, 160)})"
+            ) from None
         bad = next((i for i, v in enumerate(post.variance) if not bool(torch.isfinite(v).all())), None)
         if bad is not None:
             raise _Corrupt(f"the variance of parameter {bad} is not finite; the file is corrupt")

@@ -113,6 +113,15 @@ def test_a_posterior_without_buffers_is_refused_against_a_model_with_them(tmp_pa
     assert "'1.running_mean'" in message and "ngvi.save_posterior(model, opt, path)" in message
     with pytest.raises(ValueError, match="carries no buffers"):
         ngvi.PosteriorSampler(_bn_net(), ngvi.load_posterior(bare))
+    # a version 1 file (before the buffers) loads as before, and is refused where buffers are needed
+    meta, tensors = _contents(ngvi.save_posterior(model, opt, tmp_path / "v2.safetensors"))
+    meta.pop("buffers")
+    meta["format_version"] = "1"
+    save_file(
+        {k: v for k, v in tensors.items() if not k.startswith("buffer.")}, str(tmp_path / "v1"), metadata=meta
+    )
+    assert ngvi.load_posterior(tmp_path / "v1").buffers is None
+    _refused(tmp_path / "v1", "carries no buffers", _bn_net())
     # a model whose buffers differ from the file's: named
     path = ngvi.save_posterior(model, opt, tmp_path / "bn.safetensors")
     wider = nn.Sequential(
@@ -340,5 +349,7 @@ def test_fuzz_the_loader(name, files, tmp_path):
             assert str(bad) in str(err) and "\n" not in str(err), str(err)
             return
         _check_loaded(post)
+        meta, _ = _contents(bad)
+        assert [list(m.shape) for m in post.mean] == json.loads(meta["shapes"])  # as the file says
 
     check()

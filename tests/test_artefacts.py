@@ -64,7 +64,7 @@ def test_round_trip_is_bitwise_for_every_family(name, tmp_path):
     assert loaded.hyperparameters[0]["data_size"] == 64
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
-    assert meta["family"] == FAMILIES[name] and meta["format_version"] == "1"
+    assert meta["family"] == FAMILIES[name] and meta["format_version"] == "2"
     assert meta["ngvi_version"] == ngvi.__version__
     assert json.loads(meta["shapes"]) == [list(p.shape) for p in model.parameters()]
     assert json.loads(meta["dtypes"]) == ["float64"] * len(loaded.mean)
@@ -128,7 +128,7 @@ def test_a_model_that_does_not_match_is_refused_naming_the_first_difference(tmp_
     )
     renamed = nn.Sequential()
     renamed.add_module("inp", nn.Linear(3, 8))
-    _one_line(ValueError, r"parameter '0\.weight' is not a trainable parameter of the model",
+    _one_line(ValueError, r"parameter '0\.weight' is not a parameter of the model",
               lambda: ngvi.load_posterior(path, model=renamed))  # fmt: skip
     deeper = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1), nn.Linear(1, 1))
     _one_line(ValueError, r"the model's trainable parameter '3\.weight' is not in the posterior",
@@ -169,7 +169,7 @@ def test_bad_files_are_refused_in_one_line(tmp_path):
         "nostructure": ({"structure": None}, r"metadata is corrupt \('structure'"),
         "unpaired": ({"shapes": "[[8, 3]]"}, "names and shapes do not pair up"),
         "family": ({"family": "Mixture"}, "unknown posterior family 'Mixture'"),
-        "version": ({"format_version": "2"}, "format version 2, this ngvi reads up to 1: upgrade ngvi"),
+        "version": ({"format_version": "3"}, "format version 3, this ngvi reads up to 2: upgrade ngvi"),
         "badversion": ({"format_version": "one"}, "metadata is corrupt"),
         "tensor": ({"drop_": "variance.2"}, "tensor 'variance.2' is missing"),
         "shape": ({"shapes": "[[8, 3], [8], [1, 8], [2]]"}, r"mean\.3 has shape \[1\], the metadata says"),

@@ -1,14 +1,21 @@
 """A trained posterior as an artefact: saved with its names, loaded against a model, used to predict.
 
 * :func:`posterior_of` ``(model, opt)``: ``opt.posterior()`` with the model's parameter names (in the
-  optimizer's order, the order of the posterior), the rule (the optimizer's class name) and its
-  hyperparameters attached; ``.save(path)`` then writes all of them.
+  optimizer's order, the order of the posterior), the rule (the optimizer's class name), its
+  hyperparameters and the model's persistent buffers attached; ``.save(path)`` then writes all of them.
 * :func:`save_posterior` ``(model, opt, path)``: the same in one call.
 * :func:`ngvi.load_posterior` ``(path, model=None)`` (:mod:`ngvi.posterior.io`): the posterior back, checked
-  against ``model``'s trainable parameters when one is given.
+  against ``model``'s parameters and persistent buffers when one is given.
 * :class:`PosteriorSampler` ``(model, posterior)``: a loaded posterior in the trainer protocol that
   :func:`ngvi.predict`, :func:`ngvi.evaluate_classifier` and :func:`ngvi.uncertainty_report` take: it puts
-  the posterior mean into the model and holds a draw in its weights inside ``sampled_params()``.
+  the posterior mean and the saved buffers into the model and holds a draw in its weights inside
+  ``sampled_params()``.
+
+Why buffers travel with the posterior: a prediction uses the model's persistent buffers (batch norm's
+running statistics) beside its weights, and the model a file is loaded into is usually freshly built, with
+the defaults (running mean 0, variance 1). Without them a net with batch norm trained to 0.988 accuracy
+predicts at chance from the file (issue 43). So the file carries them, and a posterior that carries none is
+refused against a model that has some, rather than predicting with the fresh model's.
 
 Why names come from the model: an optimizer is built from ``model.parameters()`` (or a list of groups) and
 never sees names, so neither does ``opt.posterior()``. The names of a ``state_dict`` are what a PyTorch user
@@ -29,21 +36,29 @@ from torch import nn
 
 from .optim.protocol import unwrap
 from .posterior.base import GaussianPosterior
-from .posterior.io import check_against_model, load_posterior, plain_hyperparameters
+from .posterior.io import (
+    check_against_model,
+    check_buffers,
+    load_posterior,
+    persistent_buffers,
+    plain_hyperparameters,
+)
 from .predict import _param_keys
 
 __all__ = ["PosteriorSampler", "load_posterior", "posterior_of", "save_posterior"]
 
 
 def posterior_of(model: nn.Module, opt: Any) -> GaussianPosterior:
-    """``opt.posterior()`` annotated with the model's names of its parameters, the rule and its
-    hyperparameters (the param groups' plain values), ready for ``.save(path)``."""
+    """``opt.posterior()`` annotated with the model's names of its parameters, the rule, its
+    hyperparameters (the param groups' plain values) and a copy of the model's persistent buffers
+    (batch-norm statistics, ...), ready for ``.save(path)``."""
     inner = unwrap(opt)
     post = inner.posterior()
     return post.annotate(
         names=_param_keys(model, inner),
         rule=type(inner).__name__,
         hyperparameters=plain_hyperparameters(inner.param_groups),
+        buffers={k: b.detach().clone() for k, b in persistent_buffers(model).items()},
     )
 
 
@@ -55,10 +70,11 @@ def save_posterior(model: nn.Module, opt: Any, path: str | os.PathLike[str]) -> 
 class PosteriorSampler:
     """A fixed posterior over a model's parameters, for prediction (not for training).
 
-    On construction the posterior is checked against the model (names and shapes of its trainable
-    parameters; the posterior needs names: a loaded one has them) and its mean is copied into the model's
-    weights. ``sampled_params()`` holds one draw θ ~ q in the weights for a block and puts the previous
-    weights back afterwards; draws come from ``generator`` (or a fresh one seeded with ``seed``), so a run
+    On construction the posterior is checked against the model (names and shapes of its parameters; the
+    posterior needs names: a loaded one has them; and its buffers against the model's persistent buffers,
+    :func:`ngvi.posterior.io.check_buffers`), and its mean and buffers are copied into the model.
+    ``sampled_params()`` holds one draw θ ~ q in the weights for a block and puts the previous weights
+    back afterwards; draws come from ``generator`` (or a fresh one seeded with ``seed``), so a run
     is reproducible. ``ngvi.predict(model, sampler, x, samples=S)`` and ``vectorize=True`` both work.
     """
 
@@ -73,6 +89,7 @@ class PosteriorSampler:
                 "(ngvi.posterior_of(model, opt))"
             )
         check_against_model(posterior.names, [tuple(m.shape) for m in posterior.mean], model)
+        check_buffers(posterior.buffers, model)
         named = dict(model.named_parameters())
         self.model = model
         self._posterior = posterior
@@ -82,6 +99,10 @@ class PosteriorSampler:
         if seed is not None:
             self.generator.manual_seed(seed)
         self._write(posterior.mean)
+        own = persistent_buffers(model)
+        with torch.no_grad():
+            for name, value in (posterior.buffers or {}).items():
+                own[name].copy_(value)
 
     def _write(self, values: list[torch.Tensor]) -> None:
         with torch.no_grad():

@@ -382,6 +382,25 @@ def _feasible_grid(opt: Any, key: PriorKey, grid: Sequence[float]) -> list[float
     return kept if cap == math.inf or cap in kept else [*kept, float(cap)]
 
 
+def _check_labels(model: nn.Module, batches: list[tuple[Any, Tensor]], output: OutputSelector) -> None:
+    """Classification labels must be class indices in [0, C) (−100 also, for token-level [N, T] labels:
+    not counted), C read off one forward pass of the first batch at the mean weights."""
+    with torch.no_grad(), _eval_mode(model):
+        classes = _call(model, {}, batches[0][0], output).shape[-1]
+    for i, (_, y) in enumerate(batches):
+        if y.is_floating_point() and not bool((y == y.round()).all()):
+            raise ValueError(
+                "calibrate: val_data's labels must be class indices (whole numbers), got values such as "
+                f"{float(y[y != y.round()][0])}; pass the class of each point"
+            )
+        kept = y[y != -100] if y.dim() > 1 else y  # token-level labels: -100 marks a position not counted
+        if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= classes):
+            raise ValueError(
+                f"calibrate: val_data's labels must be class indices in [0, {classes}) for the model's "
+                f"{classes} outputs, got values in [{int(kept.min())}, {int(kept.max())}] (batch {i})"
+            )
+
+
 def calibrate(
     model: nn.Module,
     opt: Any,
@@ -427,6 +446,10 @@ def calibrate(
     chunk = samples if chunk is None else chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2**63) (it seeds the draws), got {seed!r}")
     opt = unwrap(opt)
     key = prior_key(opt) if fit_prior else None
     if fit_prior and not _has_posterior(opt):
@@ -437,14 +460,16 @@ def calibrate(
         raise ValueError(f"grid must hold positive finite values of λ, got {list(grid)}")
     _check_pair(model, opt)
     try:
-        batches = _batches(val_data, True, batch_size)
+        batches = _batches(val_data, True, batch_size, "val_data")
     except ValueError as err:
         if "no batch" in str(err):
             raise ValueError("calibrate: val_data holds no batch; it needs held-out (x, y) data") from None
-        raise
+        raise ValueError(f"calibrate: {err}") from None  # a label per input, finite inputs and targets
     points = sum(int(y.shape[0]) for _, y in batches)
     if points == 0:
         raise ValueError("calibrate: val_data holds no points; it needs held-out (x, y) data")
+    if task == "classification":
+        _check_labels(model, batches, output)
 
     objective = _Objective(model, opt, batches, task, samples, seed, vectorize, chunk, output)
     fixed_noise = None if fit_noise else noise_std

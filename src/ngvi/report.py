@@ -30,6 +30,7 @@ matplotlib is imported inside (``Figure`` and its Agg canvas, no pyplot and no g
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from . import metrics
 from ._version import __version__
 from .evaluation import classification_metrics, token_rows
 from .optim.protocol import unwrap
+from .posterior._format import is_rule_name
 from .predict import OutputSelector, batch_size_of, predict, take
 
 __all__ = ["UncertaintyReport", "coverage_curve", "pit", "uncertainty_report"]
@@ -94,21 +96,43 @@ def _split(item: Any, need_labels: bool) -> tuple[Any, Tensor | None]:
     )
 
 
-def _batches(data: Any, need_labels: bool, batch_size: int) -> list[tuple[Any, Tensor | None]]:
+def _batches(
+    data: Any, need_labels: bool, batch_size: int, name: str = "data"
+) -> list[tuple[Any, Tensor | None]]:
+    """``data`` as (x, y) batches of at most ``batch_size`` rows, after checking it: a label (row of y) per
+    input, finite floating inputs and targets, at least one point. ``name``: the argument, for messages."""
     single = isinstance(data, Mapping | Tensor) or (
         isinstance(data, list | tuple) and len(data) == 2 and isinstance(data[1], Tensor)
         and isinstance(data[0], Tensor | Mapping)
     )  # fmt: skip
     items = [data] if single else list(data)
     if not items:
-        raise ValueError("data holds no batch")
+        raise ValueError(f"{name} holds no batch")
     out = []
-    for item in items:
+    for i, item in enumerate(items):
         x, y = _split(item, need_labels)
         n = batch_size_of(x)
+        where = f"{name} (batch {i})" if len(items) > 1 else name
+        if y is not None and (y.dim() == 0 or y.shape[0] != n):
+            rows = "a scalar" if y.dim() == 0 else f"{y.shape[0]} rows"
+            raise ValueError(
+                f"{where}: {n} inputs but y has {rows}: x and y differ in size; give one label or target "
+                "(row of y) per input"
+            )
+        inputs = x.values() if isinstance(x, Mapping) else [x]
+        bad = sum(
+            int((~torch.isfinite(t)).sum()) for t in inputs if isinstance(t, Tensor) and t.is_floating_point()
+        )
+        if bad:
+            raise ValueError(f"{where}: the inputs hold {bad} NaN or inf values; remove or impute them")
+        if y is not None and y.is_floating_point() and not bool(torch.isfinite(y).all()):
+            bad = int((~torch.isfinite(y)).sum())
+            raise ValueError(f"{where}: y holds {bad} NaN or inf values; remove those points")
         for start in range(0, n, batch_size):
             rows = slice(start, start + batch_size)
             out.append((take(x, rows), None if y is None else y[rows]))
+    if not out:
+        raise ValueError(f"{name} holds no points (every batch is empty)")
     return out
 
 
@@ -143,23 +167,28 @@ def uncertainty_report(
     """Write ``out/report.md`` and ``out/reliability.png`` (see the module docstring) and return the numbers.
 
     ``task``: ``"classification"`` (logits [N, C] or token-level [N, T, V]) or ``"regression"`` (outputs
-    shaped like y, and ``noise_std``, the Gaussian likelihood's noise s.d., required)."""
+    shaped like y, and ``noise_std``, the Gaussian likelihood's noise s.d., required). Refused before
+    anything is written, in one line naming the argument: data with no points, a batch whose y has
+    another number of rows than its inputs, NaN or inf inputs (``data`` or ``ood``) or targets, and
+    ``samples``, ``batch_size`` or ``n_bins`` that are not positive ints. A rule named by a loaded
+    posterior reaches the card only as a class name; anything else is escaped."""
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     if task == "regression" and not (isinstance(noise_std, int | float) and noise_std > 0):
         raise ValueError(
             f"task='regression' needs noise_std=, the Gaussian likelihood's noise s.d. > 0, got {noise_std}"
         )
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be a positive int, got {samples!r}")
+    for key, value in (("samples", samples), ("batch_size", batch_size), ("n_bins", n_bins)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive int, got {value!r}")
     if getattr(opt, "deterministic", False) is True:
         samples = 1  # a point estimate: every draw is the same network
 
     def draws(x: Any) -> Tensor:
         return predict(model, opt, x, samples, vectorize=vectorize, generator=generator, output=output)
 
-    batches = _batches(data, True, batch_size)
-    ood_batches = None if ood is None else _batches(ood, False, batch_size)
+    batches = _batches(data, True, batch_size, "data")
+    ood_batches = None if ood is None else _batches(ood, False, batch_size, "ood")
     if task == "classification":
         numbers, curve, in_scores, ood_scores = _classification(batches, ood_batches, draws, n_bins)
     else:
@@ -247,8 +276,23 @@ def _describe(opt: Any) -> str:
         post = inner.posterior()
     except (NotImplementedError, AttributeError):
         return f"`{rule}`"
-    rule = getattr(post, "rule", None) or rule
-    return f"`{rule}` ({type(post).__name__} over {post.numel():,} weights)"
+    rule = getattr(post, "rule", None) or rule  # a loaded posterior's: text from a file
+    return f"{_code(rule)} ({type(post).__name__} over {post.numel():,} weights)"
+
+
+def _code(text: Any) -> str:
+    """``text`` as an inline code span when it is a class name (the rule as ngvi records it), otherwise as
+    escaped plain text: no HTML, link, image, table cell or line break of it reaches the card."""
+    text = str(text)
+    if is_rule_name(text):
+        return f"`{text}`"
+    flat = " ".join(text.split())[:100]  # newlines and other whitespace: one space (no forged rows)
+    escaped = html.escape(flat, quote=True)  # no raw HTML
+    return "an unchecked name, " + "".join(f"\\{c}" if c in _MARKDOWN else c for c in escaped)
+
+
+#: the characters that carry markdown syntax (links, images, emphasis, tables, code), escaped by a backslash
+_MARKDOWN = frozenset("\\`*_{}[]()#+-.!|~<>")
 
 
 def _markdown(title, task, m, describe, noise_std, n_bins) -> str:

@@ -32,7 +32,9 @@ group's hyperparameters with the checkpoint's, as torch's ``load_state_dict`` do
 whose given hyperparameters differ from the checkpoint's, naming each: resume with the checkpoint's values,
 or start a new run. (Refused rather than warned: a warning in the Trainer's log would still train on
 values nobody asked for.) A stock Trainer has no hook between building and loading the optimizer, so
-only :class:`VariationalTrainer` checks.
+only :class:`VariationalTrainer` checks. A prior learned under ``empirical_bayes=`` is state, not a setting:
+its key is not compared, the checkpoint's learned value is resumed, and ``TrainingArguments.weight_decay``
+is checked against the δ IVON was built with rather than the learned one.
 
 **Errors.** :class:`VariationalTrainer` restores μ (and drops the sample, rolling its noise back) when
 anything in ``train()`` raises, so the trainer and the optimizer stay usable. A stock Trainer has no hook for
@@ -53,6 +55,7 @@ from transformers import Trainer, TrainerCallback
 
 from ..baselines.map import MAP
 from ..optim.base import VariationalOptimizer
+from ..optim.engine import empirical_bayes
 from ..optim.ivon import IVON
 from ..optim.protocol import unwrap
 from ..posterior import GaussianPosterior
@@ -130,8 +133,18 @@ class NGVICallback(TrainerCallback):
             self._opt.end_sample(discard=True)
 
 
+def learned_keys(opt: Any) -> frozenset[str]:
+    """The group keys the optimizer learns while it trains: the prior's key (IVON's ``weight_decay``,
+    ``prior_prec``, ``prior_var``) under ``empirical_bayes=``. Such a value is state, like μ: it differs
+    from the value the run started with after the first update, and a checkpoint carries the learned one."""
+    if getattr(opt, "empirical_bayes", None) is None:
+        return frozenset()
+    key = empirical_bayes.prior_key(opt)
+    return frozenset() if key is None else frozenset({key[0]})
+
+
 def _warn_overridden_prior(opt: Any) -> None:
-    if not isinstance(opt, IVON):
+    if not isinstance(opt, IVON) or "weight_decay" in learned_keys(opt):
         return
     default = opt.defaults["weight_decay"]
     groups = [i for i, g in enumerate(opt.param_groups) if g["weight_decay"] != default]
@@ -162,8 +175,12 @@ def check_weight_decay(opt: Any, weight_decay: float) -> None:
         return
     if not isinstance(opt, IVON):
         _refuse_weight_decay(type(opt).__name__, weight_decay)
-    if all(g["weight_decay"] != weight_decay for g in opt.param_groups):
-        own = sorted({g["weight_decay"] for g in opt.param_groups})
+    # under empirical_bayes= the groups hold the learned δ (a resumed run's differs from the start), so the
+    # value the optimizer was built with is what the Trainer's must be
+    learned = "weight_decay" in learned_keys(opt)
+    values = [opt.defaults["weight_decay"]] if learned else [g["weight_decay"] for g in opt.param_groups]
+    if all(v != weight_decay for v in values):
+        own = sorted(set(values))
         raise ValueError(
             f"TrainingArguments(weight_decay={weight_decay}) would be dropped: the Trainer leaves the given "
             f"{type(opt).__name__} as it is, with its own prior weight_decay {own}; build it with "
@@ -237,7 +254,9 @@ class VariationalTrainer(Trainer):
         given = None if opt is None else group_settings(opt)
         super()._load_optimizer_and_scheduler(checkpoint)
         if opt is not None:
-            check_resumed_settings(type(opt).__name__, given, group_settings(opt), checkpoint)
+            check_resumed_settings(
+                type(opt).__name__, given, group_settings(opt), checkpoint, learned=learned_keys(opt)
+            )
 
     def train(self, *args: Any, **kwargs: Any):
         callbacks = self.callback_handler.callbacks
@@ -293,15 +312,22 @@ def group_settings(opt: Any) -> list[dict[str, Any]]:
 
 
 def check_resumed_settings(
-    name: str, given: list[dict[str, Any]], loaded: list[dict[str, Any]], checkpoint: str
+    name: str,
+    given: list[dict[str, Any]],
+    loaded: list[dict[str, Any]],
+    checkpoint: str,
+    learned: frozenset[str] = frozenset(),
 ) -> None:
     """Refuse a resume whose given hyperparameters differ from the checkpoint's, naming each (module
-    docstring). ``lr`` is the scheduler's (its base, ``initial_lr``, is compared) where a scheduler runs."""
+    docstring). ``lr`` is the scheduler's (its base, ``initial_lr``, is compared) where a scheduler runs.
+    ``learned``: keys the optimizer learns (:func:`learned_keys`): state, resumed as the checkpoint has it."""
     absent = "(absent)"
     diffs = []
     for i, (a, b) in enumerate(zip(given, loaded, strict=False)):
         for key in sorted(a.keys() | b.keys()):
             if key == "lr" and "initial_lr" in a and "initial_lr" in b:
+                continue
+            if key in learned:
                 continue
             x, y = a.get(key, absent), b.get(key, absent)
             if not _same(x, y):

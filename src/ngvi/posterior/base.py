@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class GaussianPosterior:
     names: list[str] | None = None
     rule: str | None = None
     hyperparameters: list[dict[str, Any]] | None = None
+    #: the model's persistent buffers by name (batch-norm statistics, ...); None where unknown
+    buffers: dict[str, Tensor] | None = None
 
     # -- what every family implements -------------------------------------------------------------------
     def sample(self, n: int | None = None, generator: torch.Generator | None = None) -> list[Tensor]:
@@ -84,25 +86,44 @@ class GaussianPosterior:
         names: Sequence[str] | None = None,
         rule: str | None = None,
         hyperparameters: Sequence[dict[str, Any]] | None = None,
+        buffers: Mapping[str, Tensor] | None = None,
     ) -> GaussianPosterior:
-        """Attach the parameter names (in the posterior's order), the rule (the optimizer's class name) and
-        its hyperparameters, which :meth:`save` writes; returns ``self``. An optimizer's ``posterior()``
-        knows neither names nor rule: :func:`ngvi.posterior_of` (or :func:`ngvi.save_posterior`) takes them
-        from the model and the optimizer."""
+        """Attach the parameter names (in the posterior's order), the rule (the optimizer's class name), its
+        hyperparameters and the model's persistent buffers (``{name: tensor}``, what a prediction uses
+        beside the weights: batch-norm statistics), which :meth:`save` writes; returns ``self``. An
+        optimizer's ``posterior()`` knows none of them: :func:`ngvi.posterior_of` (or
+        :func:`ngvi.save_posterior`) takes them from the model and the optimizer."""
         if names is not None:
             names = [str(n) for n in names]
             if len(names) != len(self.mean):
                 raise ValueError(f"got {len(names)} names for a posterior over {len(self.mean)} tensors")
+            if len(set(names)) != len(names):
+                raise ValueError("names must be unique: each parameter is named once")
             self.names = names
         if rule is not None:
+            if not _format.is_rule_name(rule):
+                got = repr(rule[:60]) if isinstance(rule, str) else f"a {type(rule).__name__}"
+                raise ValueError(
+                    "rule must be a class name (letters, digits, underscores: the optimizer's, e.g. 'IVON'), "
+                    f"got {got}"
+                )
             self.rule = rule
         if hyperparameters is not None:
             self.hyperparameters = [dict(g) for g in hyperparameters]
+        if buffers is not None:
+            if not isinstance(buffers, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, Tensor) for k, v in buffers.items()
+            ):
+                raise TypeError(
+                    "buffers must map buffer names (str) to tensors, as dict(model.named_buffers())"
+                )
+            self.buffers = {k: v.detach() for k, v in buffers.items()}
         return self
 
     def save(self, path: str | os.PathLike[str], names: Sequence[str] | None = None) -> Path:
         """Write the posterior to a safetensors file (never a pickle; the format: :mod:`ngvi.posterior.io`):
-        its tensors, and as metadata the family, parameter names, shapes, dtypes, rule and hyperparameters.
+        its tensors and the model's buffers where known (:meth:`annotate`), and as metadata the family,
+        parameter names, shapes, dtypes, rule and hyperparameters.
         ``names`` defaults to the names attached by :meth:`annotate`; without either it is refused. Read
         it back with :func:`ngvi.load_posterior`. Needs the safetensors package. Returns the path."""
         st = _format.safetensors()
@@ -120,6 +141,9 @@ class GaussianPosterior:
             raise ValueError(f"names must be unique, got {names!r}")
         family, structure = self._file_tensors()
         tensors = {f"mean.{i}": m for i, m in enumerate(self.mean)} | family
+        buffers = self.buffers
+        if buffers is not None:
+            tensors |= {f"buffer.{j}": b for j, b in enumerate(buffers.values())}
         metadata = {
             "format": _format.FORMAT,
             "format_version": str(_format.FORMAT_VERSION),
@@ -133,6 +157,8 @@ class GaussianPosterior:
             "rule": self.rule or "",
             "hyperparameters": json.dumps(list(self.hyperparameters or [])),
         }
+        if buffers is not None:
+            metadata["buffers"] = json.dumps(list(buffers))
         path = Path(path)
         st.torch.save_file({k: _format.cpu_copy(t) for k, t in tensors.items()}, str(path), metadata=metadata)
         return path

@@ -201,13 +201,34 @@ class BlockTridiagonalGaussian(GaussianPosterior):
     def _from_file(
         cls, mean: list[Tensor], tensors: dict[str, Tensor], point: list[int], structure: dict[str, Any]
     ) -> BlockTridiagonalGaussian:
-        layers = structure["layers"]
-        chain = [  # the bases and eigenvalues are required, the links to the next layer not (the last)
-            ChainLayer(*(tensors[f"chain.{k}.{f}"] for f in CHAIN_FIELDS[:4]),
-                       *(tensors.get(f"chain.{k}.{f}") for f in CHAIN_FIELDS[4:]))
-            for k in range(len(layers))
-        ]  # fmt: skip
-        return cls(mean, layers, chain, float(structure["scale"]))
+        layers, scale = structure.get("layers"), structure.get("scale")
+        if not isinstance(layers, list) or not all(
+            isinstance(ls, list) and ls and all(isinstance(i, int) and not isinstance(i, bool) for i in ls)
+            for ls in layers
+        ):
+            raise ValueError("structure 'layers' must be a list of non-empty lists of parameter indices")
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf:
+            raise ValueError(f"structure 'scale' must be a finite number > 0, got {repr(scale)[:40]}")
+        chain = []  # the bases and eigenvalues are required, the links to the next layer only before the last
+        for k in range(len(layers)):
+            fields = [tensors[f"chain.{k}.{f}"] for f in CHAIN_FIELDS[:4]]
+            if k < len(layers) - 1:
+                fields += [tensors[f"chain.{k}.{f}"] for f in CHAIN_FIELDS[4:]]
+            chain.append(ChainLayer(*fields))
+        for k, c in enumerate(chain):
+            o, d = c.row_basis.shape[0], c.col_basis.shape[0]
+            expected = {"row_basis": [o, o], "col_basis": [d, d], "row_eig": [o], "col_eig": [d]}
+            if k < len(chain) - 1:
+                nxt = chain[k + 1]
+                expected |= {
+                    "row_link": [o, nxt.row_basis.shape[0]], "col_link": [d, nxt.col_basis.shape[0]]
+                }  # fmt: skip
+            for f, shape in expected.items():
+                if list(getattr(c, f).shape) != shape:
+                    raise ValueError(f"chain.{k}.{f} has shape {list(getattr(c, f).shape)}, expected {shape}")
+            if any(i >= len(mean) or i < 0 for i in layers[k]) or list(mean[layers[k][0]].shape[:1]) != [o]:
+                raise ValueError(f"layer {k}: its first parameter is not a weight with {o} rows")
+        return cls(mean, layers, chain, float(scale))
 
     def __repr__(self) -> str:
         return f"BlockTridiagonalGaussian({len(self.layers)} layers, {self.numel()} weights)"

@@ -208,10 +208,19 @@ class KroneckerGaussian(GaussianPosterior):
     def _from_file(
         cls, mean: list[Tensor], tensors: dict[str, Tensor], point: list[int], structure: dict[str, Any]
     ) -> KroneckerGaussian:
-        blocks = [
-            KroneckerBlock(tuple(ps), tensors[f"block.{k}.row_cov"], tensors[f"block.{k}.col_cov"])
-            for k, ps in enumerate(structure["blocks"])
-        ]
+        layout = structure.get("blocks")
+        if not isinstance(layout, list) or not all(
+            isinstance(ps, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ps)
+            for ps in layout
+        ):
+            raise ValueError("structure 'blocks' must be a list of lists of parameter indices")
+        blocks = []
+        for k, ps in enumerate(layout):
+            row, col = tensors[f"block.{k}.row_cov"], tensors[f"block.{k}.col_cov"]
+            for name, t in (("row_cov", row), ("col_cov", col)):
+                if t.dim() != 3 or t.shape[1] != t.shape[2] or t.shape[0] != row.shape[0]:
+                    raise ValueError(f"block.{k}.{name} has shape {list(t.shape)}, not [G, n, n]")
+            blocks.append(KroneckerBlock(tuple(ps), row, col))
         return cls(mean, blocks, point=point)
 
     def __repr__(self) -> str:

@@ -35,6 +35,7 @@ group back to the host (a synchronisation every ``every`` steps, none in between
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,11 +90,16 @@ class EmpiricalBayes:
 
 
 def _pair(bounds: Any) -> tuple[float, float]:
+    """Two real numbers: a string such as "1e-3" is refused here, not at the first update."""
     try:
         lo, hi = bounds
-        return float(lo), float(hi)
     except (TypeError, ValueError):
         raise ValueError(f"empirical_bayes: bounds must be a pair (low, high), got {bounds!r}") from None
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (lo, hi)):
+        raise ValueError(
+            f"empirical_bayes: bounds must be two numbers (low, high), got {bounds!r}; write e.g. (1e-3, 1e3)"
+        )
+    return float(lo), float(hi)
 
 
 def configure(opt: Any, value: Any, defaults: dict[str, Any]) -> EmpiricalBayes | None:

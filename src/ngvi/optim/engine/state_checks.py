@@ -142,8 +142,11 @@ def validate(opt: Any, state_dict: dict[str, Any], extra: Any) -> None:
             raise ValueError(f"{name}.load_state_dict: 'ngvi'/'stateful' must list parameter indices")
         missing = [index[k][0] for k in stateful if k in index and k not in state]
         if missing:
-            raise ValueError(
-                f"{name}.load_state_dict: the state of {', '.join(missing)} is missing (a truncated file?)"
+            listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise ValueError(  # dcp.load fills only the entries of the dict it is given: a fresh one has none
+                f"{name}.load_state_dict: the state of {listed} is missing; resuming through "
+                "torch.distributed.checkpoint? call opt.init_state() before opt.state_dict() makes the dict "
+                "that dcp.load fills (otherwise the file is truncated)"
             )
     devices = {str(p.device) for _, p, _ in index.values() if p.requires_grad}
     if extra.get("num_draws", 0) and not devices <= set(extra["rng"]):  # it has drawn on every device

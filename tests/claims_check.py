@@ -165,6 +165,9 @@ def _eval(node: ast.AST, funcs: dict[str, Callable[..., Any]]) -> Any:
         return _eval(node.value, funcs)[node.slice.value]
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.UnaryOp):
         return _eval(node.value, funcs)[_eval(node.slice, funcs)]
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice) and node.slice.step is None:
+        lo, hi = (None if b is None else int(_eval(b, funcs)) for b in (node.slice.lower, node.slice.upper))
+        return _eval(node.value, funcs)[lo:hi]  # a stage of the per-seed values: items()[14:34]
     raise ValueError(f"not allowed in a claim's expression: {ast.unparse(node)!r}")
 
 

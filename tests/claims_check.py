@@ -127,6 +127,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "cat": lambda *xs: np.concatenate([np.asarray(x, dtype=float) for x in xs]),
     "one": _one,
     "last": lambda x: x[-1],
+    "row_min": lambda rows: np.asarray([np.min(r) for r in rows], dtype=float),  # each run's lowest
     "percentile": lambda x, q: float(np.percentile(x, q)),
     "trapezoid_mean": _trapezoid_mean,
     "pearson": lambda a, b: float(np.corrcoef(np.asarray(a, float), np.asarray(b, float))[0, 1]),

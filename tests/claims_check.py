@@ -130,6 +130,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "row_min": lambda rows: np.asarray([np.min(r) for r in rows], dtype=float),  # each run's lowest
     "percentile": lambda x, q: float(np.percentile(x, q)),
     "trapezoid_mean": _trapezoid_mean,
+    "count_equal": lambda a, b: sum(x == y for x, y in zip(a, b, strict=True)),  # e.g. the same chosen points
     "pearson": lambda a, b: float(np.corrcoef(np.asarray(a, float), np.asarray(b, float))[0, 1]),
     "paired_p": _paired_p,
     "one_sample_p": t_test_p,

@@ -132,6 +132,9 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "trapezoid_mean": _trapezoid_mean,
     "count_equal": lambda a, b: sum(x == y for x, y in zip(a, b, strict=True)),  # e.g. the same chosen points
     "pearson": lambda a, b: float(np.corrcoef(np.asarray(a, float), np.asarray(b, float))[0, 1]),
+    "row_pearson": lambda a, b: np.asarray(  # one Pearson r per row: each trial's, in natural key order
+        [np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1] for x, y in zip(a, b, strict=True)]
+    ),
     "paired_p": _paired_p,
     "one_sample_p": t_test_p,
     # issue 48's rule for sequential and multiple tests (ngvi.experiments.significance)

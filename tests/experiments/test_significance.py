@@ -45,6 +45,11 @@ def test_t_test_p_of_three_points_is_the_closed_form() -> None:
     assert one_sided_p(x) == pytest.approx(1.0 - _t2_cdf(t), abs=1e-12)
 
 
+def test_identical_differences_have_p_1_at_zero_and_0_elsewhere() -> None:
+    assert t_test_p([0.0, 0.0, 0.0]) == 1.0
+    assert t_test_p([0.25, 0.25, 0.25]) == 0.0 and one_sided_p([-0.25, -0.25]) == 1.0
+
+
 def test_holm_on_a_known_vector() -> None:
     # sorted 0.005, 0.01, 0.03, 0.04 → 4·0.005, 3·0.01, 2·0.03, max(0.06, 1·0.04), back in input order
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], abs=1e-15)

@@ -61,6 +61,8 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 def t_sf(t: float, df: float) -> float:
     """P(T > t) for Student's t with ``df`` degrees of freedom."""
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
     tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))  # P(|T| > |t|) / 2
     return tail if t >= 0 else 1.0 - tail
 
@@ -88,7 +90,10 @@ def _diffs(x: Any, what: str) -> np.ndarray:
 def t_statistic(x: Any) -> float:
     """mean / (s.d. / √n) of the differences ``x``."""
     x = _diffs(x, "t_statistic")
-    return float(np.mean(x)) / (float(np.std(x, ddof=1)) / math.sqrt(len(x)))
+    mean, sd = float(np.mean(x)), float(np.std(x, ddof=1))
+    if sd == 0.0:  # identical differences: no spread to scale by (0 when they are all 0, else ±inf)
+        return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
+    return mean / (sd / math.sqrt(len(x)))
 
 
 def t_test_p(x: Any) -> float:

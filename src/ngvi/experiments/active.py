@@ -252,14 +252,14 @@ def write_report(args: argparse.Namespace, run: Run, methods: list[str]) -> None
     (run.out / "table.md").write_text("\n".join(text))
     print((run.out / "table.md").read_text())
     _curves(runs, methods, args.datasets, args.trials, run.out / "curves.png")
-    _differences(runs, methods, args.datasets, range(args.trials), run.out / "differences.png")
+    plot_differences(runs, methods, args.datasets, range(args.trials), run.out / "differences.png")
     print(f"wrote {run.out / 'table.md'}, curves.png, differences.png and results.json")
 
 
 def _curves(runs: dict[str, Any], methods: list[str], datasets: list[str], trials: int, path: Any) -> None:
     """Test RMSE after each round, mean over trials with ± 1 s.e. shaded, per set: solid A, dashed R
     (NNG-FFG = noisy Adam, NNG-MVG = noisy K-FAC). The bands are each arm's own spread; the A − R difference
-    the README reads is paired by trial, drawn with its interval by :func:`_differences`."""
+    the README reads is paired by trial, drawn with its interval by :func:`plot_differences`."""
     cols = min(4, len(datasets))
     fig, axes = figure(len(datasets), cols=4, size=(max(3.4, 10.0 / cols), 2.8))  # room for the legend
     colours = {m: f"C{i}" for i, m in enumerate(methods)}
@@ -285,7 +285,7 @@ def _curves(runs: dict[str, Any], methods: list[str], datasets: list[str], trial
     save_figure(fig, path, legend_from=axes[0])
 
 
-def _differences(
+def plot_differences(
     runs: dict[str, Any], methods: list[str], datasets: list[str], trials: range, path: Any, title: str = ""
 ) -> None:
     """A − R, paired by trial, after each round: the mean over ``trials`` with its 95% t-interval shaded,

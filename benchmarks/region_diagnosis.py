@@ -27,6 +27,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import ngvi
@@ -138,8 +139,8 @@ def run(problem: Problem, method: str, variant: str, seed: int) -> dict:
 
 
 def plot(results: dict, problem: str, path: Path) -> None:
-    """The train RMSE at the mean and the region's ν over 20,000 steps (means over seeds), with IVON
-    started at 1/σ² beside them."""
+    """The train RMSE at the mean and the region's ν over 20,000 steps (means over seeds, their range
+    shaded), with IVON started at 1/σ² beside them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,24 +158,40 @@ def plot(results: dict, problem: str, path: Path) -> None:
             if not traces or (variant == "sharp-start" and method != "ivon"):
                 continue
             steps = [point["step"] for point in traces[0]]
-            rmse = [sum(t[i]["train_rmse"] for t in traces) / len(traces) for i in range(len(steps))]
             label = report.label(method) + (" (start at 1/σ²)" if variant == "sharp-start" else "")
-            left.plot(steps, rmse, style, color=colours[method], label=label)
-            if traces[0][0]["nu_mean"] is not None:
-                nu = [sum(t[i]["nu_mean"] for t in traces) / len(traces) for i in range(len(steps))]
-                right.plot(steps, nu, style, color=colours[method], label=label)
+            # the mean over seeds, and their range shaded: the text reads differences between rules
+            for ax, field in ((left, "train_rmse"), (right, "nu_mean")):
+                if traces[0][0][field] is None:
+                    continue
+                values = np.array([[point[field] for point in t] for t in traces], dtype=float)
+                ax.plot(steps, values.mean(0), style, color=colours[method], label=label)
+                ax.fill_between(steps, values.min(0), values.max(0), color=colours[method], alpha=0.15, lw=0)
     noise = PROBLEMS[problem].noise_std
     left.axhline(noise, color="black", lw=0.8, ls="--", label=f"noise s.d. {noise}")
     left.set(xscale="log", yscale="log", xlabel="step", ylabel="train RMSE at the mean μ")
     right.set(xscale="log", yscale="log", xlabel="step", ylabel="the region's ν, mean of the last 100 steps")
     right.axhline(1.0, color="black", lw=0.8, ls="--", label="ν = 1: the region does not bind")
-    left.legend(fontsize=8)
-    right.legend(fontsize=8, loc="lower right")
+    handles, labels = left.get_legend_handles_labels()  # one legend below both panels: none hides a curve
+    extra = right.get_legend_handles_labels()
+    handles += extra[0][-1:]
+    labels += extra[1][-1:]
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.suptitle(
-        f"{problem}: the defaults for 20,000 steps (solid) and IVON started at 1/σ² (dotted); 3 seeds"
+        f"{problem}: the defaults for 20,000 steps (solid) and IVON started at 1/σ² (dotted); "
+        f"mean over {args_seeds(results, problem)} seeds, their range shaded"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     fig.savefig(path, dpi=120)
+
+
+def args_seeds(results: dict, problem: str) -> int:
+    """The seeds the plotted runs have (the most of any rule and variant)."""
+    seeds: dict[str, int] = {}
+    for key in results["runs"]:
+        if key.startswith(f"{problem}/"):
+            group = key.rsplit("/", 1)[0]
+            seeds[group] = seeds.get(group, 0) + 1
+    return max(seeds.values(), default=0)
 
 
 def main() -> None:

@@ -13,7 +13,11 @@ placeholder, how to recompute the value from a results.json (``values = [{expr =
   the functions are in ``FUNCTIONS``. Nothing else is evaluated (no names, attributes or keywords), so a
   claims file cannot run code.
 * ``each`` / ``over`` (optional): evaluate ``expr`` once per item of ``each``, with ``{e}`` replaced by the
-  item, and aggregate the results with the function ``over`` (e.g. ``sum`` of booleans: "on 6 of 8 sets").
+  item, and aggregate the results with the function ``over`` (e.g. ``sum`` of booleans: "on 6 of 8 sets"),
+  or with an expression in which ``items()`` is the per-item values (e.g. the per-seed differences:
+  ``stagewise_p(array(4, 14, 34), items())``, ``holm(items())[2]``).
+* Issue 48's adjusted numbers (``ngvi.experiments.significance``): ``holm``, ``inverse_normal(p, w)``,
+  ``one_sided_p``, ``tost_p(x, margin)``, ``sequential_rate(looks, alpha)``, ``stagewise_p(looks, x)``.
 * ``fmt``: a format spec (``.2f``, ``d``, ``,.0f``); ``minus = "−"`` prints a negative sign as U+2212, as
   the READMEs do.
 * ``results`` (claim level, optional): the results.json, relative to the README's folder; default
@@ -38,6 +42,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ngvi.experiments.significance import (
+    holm,
+    inverse_normal,
+    one_sided_p,
+    sequential_rejection_rate,
+    stagewise_p,
+    t_test_p,
+    tost_p,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = ROOT / "docs" / "results" / "claims.toml"
@@ -77,46 +91,6 @@ def _sem(x: Any) -> float:
     return float(np.std(x, ddof=1) / math.sqrt(len(x)))
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz)."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this point
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    front = (
-        math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-        / a
-    )
-    tiny, c, d = 1e-300, 1.0, 0.0
-    f = tiny
-    for i in range(400):
-        m = i // 2
-        if i == 0:
-            num = 1.0
-        elif i % 2 == 0:
-            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        else:
-            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        d = 1.0 + num * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + num / c
-        c = c if abs(c) > tiny else tiny
-        f = (f if i else 1.0) * c * d
-        if abs(c * d - 1.0) < 1e-14:
-            break
-    return front * (f - 1.0)
-
-
-def t_test_p(x: Any) -> float:
-    """Two-sided p of the one-sample t-test of mean 0 (Student's t with n − 1 degrees of freedom); written
-    out rather than imported from scipy, whose import alone would take most of this test's time budget."""
-    x = np.asarray(x, dtype=float)
-    n = len(x)
-    t = float(np.mean(x)) / (float(np.std(x, ddof=1)) / math.sqrt(n))
-    df = n - 1
-    return _betainc(df / 2, 0.5, df / (df + t * t))
-
-
 def _paired_p(a: Any, b: Any) -> float:
     return t_test_p(np.asarray(a, float) - np.asarray(b, float))
 
@@ -153,11 +127,24 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "cat": lambda *xs: np.concatenate([np.asarray(x, dtype=float) for x in xs]),
     "one": _one,
     "last": lambda x: x[-1],
+    "row_min": lambda rows: np.asarray([np.min(r) for r in rows], dtype=float),  # each run's lowest
     "percentile": lambda x, q: float(np.percentile(x, q)),
     "trapezoid_mean": _trapezoid_mean,
+    "count_equal": lambda a, b: sum(x == y for x, y in zip(a, b, strict=True)),  # e.g. the same chosen points
     "pearson": lambda a, b: float(np.corrcoef(np.asarray(a, float), np.asarray(b, float))[0, 1]),
+    "row_pearson": lambda a, b: np.asarray(  # one Pearson r per row: each trial's, in natural key order
+        [np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1] for x, y in zip(a, b, strict=True)]
+    ),
     "paired_p": _paired_p,
     "one_sample_p": t_test_p,
+    # issue 48's rule for sequential and multiple tests (ngvi.experiments.significance)
+    "one_sided_p": one_sided_p,  # P(T ≥ t): the stage p an inverse-normal combination takes
+    "holm": holm,  # Holm's adjusted p of a family, in its order
+    "inverse_normal": lambda p, w: inverse_normal(p, w),  # one-sided combined p of stages p with weights w
+    "tost_p": tost_p,  # TOST p of differences x within ±margin
+    "sequential_rate": lambda looks, alpha: sequential_rejection_rate([int(n) for n in looks], alpha),
+    "stagewise_p": lambda looks, x: stagewise_p([int(n) for n in looks], x),
+    "items": None,  # type: ignore[dict-item]  # bound to the per-item values of ``each`` in value()
 }
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -183,6 +170,9 @@ def _eval(node: ast.AST, funcs: dict[str, Callable[..., Any]]) -> Any:
         return _eval(node.value, funcs)[node.slice.value]
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.UnaryOp):
         return _eval(node.value, funcs)[_eval(node.slice, funcs)]
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice) and node.slice.step is None:
+        lo, hi = (None if b is None else int(_eval(b, funcs)) for b in (node.slice.lower, node.slice.upper))
+        return _eval(node.value, funcs)[lo:hi]  # a stage of the per-seed values: items()[14:34]
     raise ValueError(f"not allowed in a claim's expression: {ast.unparse(node)!r}")
 
 
@@ -199,8 +189,15 @@ def value(spec: dict[str, Any], results: Any, other: Any = None) -> Any:
     """One placeholder's value: ``expr``, or ``over`` of ``expr`` evaluated for every item of ``each``."""
     if "each" not in spec:
         return evaluate(spec["expr"], results, other)
-    per_item = [evaluate(spec["expr"].replace("{e}", item), results, other) for item in spec["each"]]
-    return FUNCTIONS[spec.get("over", "sum")](np.asarray(per_item, dtype=float))
+    per_item = np.asarray(
+        [evaluate(spec["expr"].replace("{e}", item), results, other) for item in spec["each"]], dtype=float
+    )
+    over = spec.get("over", "sum")
+    if over in FUNCTIONS:
+        return FUNCTIONS[over](per_item)
+    # an expression over the per-item values, e.g. "stagewise_p(array(4, 14, 34), items())"
+    funcs = {**FUNCTIONS, "items": lambda: per_item}
+    return _eval(ast.parse(over.strip(), mode="eval"), funcs)
 
 
 def render(spec: dict[str, Any], x: Any) -> str:

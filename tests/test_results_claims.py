@@ -113,3 +113,14 @@ def test_t_test_p_at_the_tables_5_percent_points(t: float, df: int) -> None:
     s = float(np.std(x, ddof=1))
     shifted = [v + t * s / np.sqrt(n) for v in x]
     assert t_test_p(shifted) == pytest.approx(0.05, abs=2e-4)
+
+
+def test_over_an_expression_of_the_items_holm_and_a_stage_slice() -> None:
+    # issue 48: per-set p-values Holm-adjusted in the claim, a stage of per-seed values combined
+    results = {"p": {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}}
+    spec = {"expr": "one(sel('p', '{e}'))", "each": ["a", "b", "c", "d"]}
+    assert value({**spec, "over": "holm(items())[2]"}, results) == pytest.approx(0.06)  # 2 · 0.03
+    assert value({**spec, "over": "sum(holm(items()) < 0.05)"}, results) == 2.0  # a (0.03) and d (0.02)
+    assert value({**spec, "over": "max(items()[1:3])"}, results) == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="not allowed"):
+        evaluate("sel('p', 'a')[::2]", results)

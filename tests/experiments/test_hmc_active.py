@@ -61,6 +61,7 @@ def test_active_quick_runs_both_strategies_and_reports_the_paper(tmp_path, data_
     assert "| Boston | not mixed | not mixed |" in table  # a quick NUTS run is no reference
     assert "Noisy K-FAC (NNG-MVG) A" in table and "5.156 ± 0.150" in table  # the paper's HMC A, Boston
     assert (out / "curves.png").read_bytes()[:8] == PNG
+    assert (out / "differences.png").read_bytes()[:8] == PNG  # issue 48: A − R with its interval
 
 
 def test_quick_keeps_budget_options_given_on_the_command_line():

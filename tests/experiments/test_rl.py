@@ -217,3 +217,18 @@ def test_rl_quick_on_pendulum_through_the_cli(tmp_path):
         assert all(-16.3 * 200 <= x <= 0 for x in r["test_return"])
     assert runs["vadam/seed0"]["median_search_std"][-1] < 1e-2  # 1/√(s + λ + c) ≤ 1/√c
     assert runs["adam_plain/seed0"]["median_search_std"] == [None, None]
+
+
+def test_the_paired_figure_is_redrawn_from_results_json_alone(tmp_path, capsys):
+    # issue 48: the figure of the seeds a verdict rests on, from the cache, no environment and no run
+    runs = {}
+    for s, (b, d) in enumerate([(0.0, 1.0), (100.0, 2.0), (-50.0, -0.5), (10.0, 3.0)]):
+        runs[f"adam_action/seed{s}"] = _curve([0, 10, 20], [b, b, b])
+        runs[f"vadam/seed{s}"] = _curve([0, 10, 20], [b + d, b + d, b + d])
+    (tmp_path / "results.json").write_text(json.dumps({"config": {"env": "E"}, "runs": runs}))
+    argv = [str(tmp_path), "--variants", "adam_action,vadam", "--baseline", "adam_action", "--seeds", "4"]
+    report.main([*argv, "--looks", "2", "--out", "p.png"])
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        report.main([*argv[:-1], "5"])
+    assert "has no run 'adam_action/seed4': run those seeds first" in capsys.readouterr().err

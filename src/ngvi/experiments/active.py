@@ -252,12 +252,14 @@ def write_report(args: argparse.Namespace, run: Run, methods: list[str]) -> None
     (run.out / "table.md").write_text("\n".join(text))
     print((run.out / "table.md").read_text())
     _curves(runs, methods, args.datasets, args.trials, run.out / "curves.png")
-    print(f"wrote {run.out / 'table.md'}, curves.png and results.json")
+    plot_differences(runs, methods, args.datasets, range(args.trials), run.out / "differences.png")
+    print(f"wrote {run.out / 'table.md'}, curves.png, differences.png and results.json")
 
 
 def _curves(runs: dict[str, Any], methods: list[str], datasets: list[str], trials: int, path: Any) -> None:
-    """Test RMSE after each round, mean over trials, per set: solid A, dashed R (NNG-FFG = noisy Adam,
-    NNG-MVG = noisy K-FAC)."""
+    """Test RMSE after each round, mean over trials with ± 1 s.e. shaded, per set: solid A, dashed R
+    (NNG-FFG = noisy Adam, NNG-MVG = noisy K-FAC). The bands are each arm's own spread; the A − R difference
+    the README reads is paired by trial, drawn with its interval by :func:`plot_differences`."""
     cols = min(4, len(datasets))
     fig, axes = figure(len(datasets), cols=4, size=(max(3.4, 10.0 / cols), 2.8))  # room for the legend
     colours = {m: f"C{i}" for i, m in enumerate(methods)}
@@ -269,11 +271,56 @@ def _curves(runs: dict[str, Any], methods: list[str], datasets: list[str], trial
                     short = PAPER_COLUMN.get(m) or REGISTRY[m].label  # compact legend entries
                     if m == "hmc" and not _hmc_mixed(runs, d, s, trials):
                         short += " (not mixed)"
-                    ax.plot(np.mean(curves, 0), style, color=colours[m], lw=1.2, label=f"{short} {s}")
+                    mean = np.mean(curves, 0)
+                    ax.plot(mean, style, color=colours[m], lw=1.2, label=f"{short} {s}")
+                    if len(curves) > 1:
+                        se = np.std(curves, 0, ddof=1) / np.sqrt(len(curves))
+                        ax.fill_between(np.arange(len(mean)), mean - se, mean + se, color=colours[m],
+                                        alpha=0.12 if s == "A" else 0.06, lw=0)  # fmt: skip
         ax.set_title(SHORT[d], fontsize=9)
         ax.set_xlabel("points added", fontsize=8)
         ax.set_ylabel("test RMSE (target units)", fontsize=8)
         ax.tick_params(labelsize=7)
+    fig.suptitle("mean over trials, ± 1 s.e. shaded (each arm's own spread)", fontsize=9)
+    save_figure(fig, path, legend_from=axes[0])
+
+
+def plot_differences(
+    runs: dict[str, Any], methods: list[str], datasets: list[str], trials: range, path: Any, title: str = ""
+) -> None:
+    """A − R, paired by trial, after each round: the mean over ``trials`` with its 95% t-interval shaded,
+    one line per method, per set; below 0, the active choice helped."""
+    from scipy import stats
+
+    cols = min(4, len(datasets))
+    fig, axes = figure(len(datasets), cols=4, size=(max(3.4, 10.0 / cols), 2.8))
+    colours = {m: f"C{i}" for i, m in enumerate(methods)}
+    for ax, d in zip(axes, datasets, strict=True):
+        for m in methods:
+            pairs = [(f"{m}/{d}/{t}/A", f"{m}/{d}/{t}/R") for t in trials]
+            diff = np.array(
+                [
+                    np.subtract(runs[a]["rmse_curve"], runs[r]["rmse_curve"])
+                    for a, r in pairs
+                    if a in runs and r in runs
+                ]
+            )
+            if len(diff) < 2:
+                continue
+            mean = diff.mean(0)
+            half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(0, ddof=1) / np.sqrt(len(diff))
+            short = PAPER_COLUMN.get(m) or REGISTRY[m].label
+            ax.plot(mean, color=colours[m], lw=1.2, label=f"{short} A − R")
+            ax.fill_between(
+                np.arange(len(mean)), mean - half, mean + half, color=colours[m], alpha=0.18, lw=0
+            )
+        ax.axhline(0.0, color="0.5", lw=0.7)
+        ax.set_title(SHORT[d], fontsize=9)
+        ax.set_xlabel("points added", fontsize=8)
+        ax.set_ylabel("A − R test RMSE", fontsize=8)
+        ax.tick_params(labelsize=7)
+    n = len(trials)
+    fig.suptitle(title or f"A − R paired by trial: mean over {n} trials, 95% interval shaded", fontsize=9)
     save_figure(fig, path, legend_from=axes[0])
 
 

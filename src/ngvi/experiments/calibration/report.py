@@ -187,7 +187,7 @@ def _colour(method: str, ok: bool | None) -> str:
 
 #: the x-ranges of calibration.png's rows: a bar beyond is drawn to the edge and labelled with its value
 NLL_RANGE = (-0.5, 1.5)
-RATIO_RANGE = (0.3, 30.0)
+RATIO_RANGE = (0.1, 30.0)  # from 0.1: moons' Vprop (0.31), Vadam and BAdam drawn, not hidden (issue 48)
 
 
 def _bar(
@@ -258,7 +258,7 @@ def plot_criteria(
         rows[2].axvline(1.0, color="k", ls="--", lw=1)
         rows[2].set_xscale("log")
         rows[2].set_xlim(*RATIO_RANGE)
-        rows[2].xaxis.set_major_locator(FixedLocator([0.3, 0.5, 1, 2, 5, 10, 30]))
+        rows[2].xaxis.set_major_locator(FixedLocator([0.1, 0.3, 1, 3, 10, 30]))
         rows[2].xaxis.set_major_formatter(ScalarFormatter())
         rows[2].xaxis.set_minor_formatter(NullFormatter())
         rows[2].set_xlabel(f"s.d. {FAR:g}× as far out / s.d. on test (log; --: 1)")

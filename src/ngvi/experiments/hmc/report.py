@@ -171,7 +171,7 @@ def _timing_table(runs: dict[str, Any], methods: list[str], datasets: list[str],
 
 def _bars(corr: dict, methods: list[str], datasets: list[str], path: Any) -> None:
     """One bar per method and set (mean ± s.e.); the paper's value for that method's column, where it has
-    one, as a black marker on the bar."""
+    one, as a white diamond on the bar."""
     fig, (ax,) = figure(1, cols=1, size=(10.0, 4.0))
     width = 0.8 / len(methods)
     xs = np.arange(len(datasets))
@@ -182,8 +182,10 @@ def _bars(corr: dict, methods: list[str], datasets: list[str], path: Any) -> Non
         ax.bar(where, [s[0] for s in stats], width, yerr=[s[1] for s in stats], label=label(m), capsize=2)
         column = PAPER_COLUMN.get(m)
         if column in TABLE4:
-            ax.plot(where, [TABLE4[column][d][0] for d in datasets], "k_", ms=14, mew=2,
-                    label=None if marked else "the paper's value for that column")  # fmt: skip
+            # a white diamond, not a bar-like tick: a horizontal mark read as an error bar's cap (issue 48)
+            ax.plot(where, [TABLE4[column][d][0] for d in datasets], "D", ms=5.5, mfc="white", mec="black",
+                    mew=1.2, ls="none", zorder=4,
+                    label=None if marked else "the paper's value for that column (Table 4)")  # fmt: skip
             marked = True
     ax.set_xticks(xs + (len(methods) - 1) * width / 2, [SHORT[d] for d in datasets], fontsize=8)
     ax.set_ylabel("Pearson r with HMC's predictive variance", fontsize=9)

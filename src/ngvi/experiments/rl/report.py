@@ -3,6 +3,7 @@ return against steps: median and range over seeds)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,103 @@ def plot(done: Done, path: Path, config: dict[str, Any]) -> None:
     spread = f"median (line) and range (shaded) over {seeds} seeds" if seeds > 1 else "one seed"
     fig.suptitle(f"DDPG on {config['env']}: {spread}", fontsize=10)
     save_figure(fig, path, dpi=120)
+
+
+def plot_paired(
+    done: Done, path: Path, config: dict[str, Any], baseline: str, looks: Sequence[int] = ()
+) -> None:
+    """The paired evidence every variant-minus-``baseline`` verdict rests on, one row per variant: left,
+    each seed's area difference (dots, in seed order) with the running mean and its 95% t-interval as seeds
+    are added, the ``looks`` (seed counts at which the test was read before the last) marked with their
+    naive p; right, the mean paired difference of the test return at each test with its 95% interval."""
+    from scipy import stats
+
+    names = [v for v in done if v != baseline]
+    fig, axes = figure(2 * len(names), cols=2, size=(5.2, 3.4))
+    base = VARIANTS[baseline].label
+    for row, name in enumerate(names):
+        left, right = axes[2 * row], axes[2 * row + 1]
+        diff = np.array([area(r) - area(b) for r, b in zip(done[name], done[baseline], strict=True)])
+        n = np.arange(1, len(diff) + 1)
+        cum = np.cumsum(diff) / n
+        sd = np.array([np.std(diff[:k], ddof=1) if k > 1 else np.nan for k in n])
+        half = np.array([stats.t.ppf(0.975, k - 1) if k > 1 else np.nan for k in n]) * sd / np.sqrt(n)
+        stage = np.searchsorted(np.asarray(looks, dtype=int), np.arange(len(diff)), side="right")
+        for s in np.unique(stage):
+            lo = 0 if s == 0 else looks[s - 1]
+            hi = looks[s] if s < len(looks) else len(diff)
+            left.scatter(n[stage == s], diff[stage == s], s=14, color=f"C{s}", zorder=3,
+                         label=f"seeds {lo}–{hi - 1}")  # fmt: skip
+        left.plot(n, cum, color="black", lw=1.4, label="running mean")
+        left.fill_between(
+            n, cum - half, cum + half, color="black", alpha=0.12, lw=0, label="its 95% interval"
+        )
+        left.axhline(0.0, color="gray", lw=0.8)
+        for k in [*looks, len(diff)]:
+            p = float(stats.ttest_1samp(diff[:k], 0.0).pvalue)
+            left.axvline(k, color="gray", ls="--", lw=0.8)
+            left.annotate(
+                f"n = {k}\nnaive p = {p:.2g}", (k, 1.0), xycoords=("data", "axes fraction"), xytext=(-3, -3),
+                textcoords="offset points", ha="right", va="top", fontsize=7,
+            )  # fmt: skip
+        left.set_title(f"{VARIANTS[name].label} − {base}: area / steps, paired by seed", fontsize=9)
+        span = float(np.ptp(diff)) or 1.0  # room below the dots for the legend; the early intervals clipped
+        left.set_ylim(float(diff.min()) - 0.55 * span, float(diff.max()) + 0.3 * span)
+        left.set_xlabel("seeds n in the test (dot n: seed n − 1)", fontsize=8)
+        left.set_ylabel("difference in area / steps", fontsize=8)
+        left.legend(fontsize=6.5, loc="lower center", ncol=3)
+        steps = np.array(done[name][0]["step"])
+        per_test = np.array(
+            [
+                np.subtract(r["test_return"], b["test_return"])
+                for r, b in zip(done[name], done[baseline], strict=True)
+            ]
+        )
+        mean = per_test.mean(0)
+        se = per_test.std(0, ddof=1) / np.sqrt(len(per_test))
+        t = stats.t.ppf(0.975, len(per_test) - 1)
+        right.plot(steps, mean, color=COLORS[name], lw=1.6, label="mean over seeds")
+        right.fill_between(steps, mean - t * se, mean + t * se, color=COLORS[name], alpha=0.2, lw=0,
+                           label="95% interval")  # fmt: skip
+        right.axhline(0.0, color="gray", lw=0.8)
+        right.set_title(f"{VARIANTS[name].label} − {base}: test return at each test", fontsize=9)
+        right.set_xlabel("environment steps", fontsize=8)
+        right.set_ylabel("difference in test return", fontsize=8)
+        right.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
+        right.legend(fontsize=7, loc="best")
+        for ax in (left, right):
+            ax.tick_params(labelsize=7)
+    fig.suptitle(f"DDPG on {config['env']}: {len(done[baseline])} paired seeds", fontsize=10)
+    save_figure(fig, path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Redraw the paired figure of a results folder from its results.json alone (no run, no environment):
+    ``python -m ngvi.experiments.rl.report FOLDER --variants a,b --baseline a --seeds N [--looks 4,14]``."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m ngvi.experiments.rl.report", description=main.__doc__)
+    parser.add_argument("folder", type=Path, help="a results folder of `ngvi rl` (its results.json is read)")
+    parser.add_argument("--variants", required=True, help="comma-separated, the baseline among them")
+    parser.add_argument("--baseline", required=True)
+    parser.add_argument("--seeds", type=int, required=True, help="seeds 0 .. N-1, paired")
+    parser.add_argument("--looks", default="", help="seed counts at which the test was read before N")
+    parser.add_argument("--out", default="paired.png", help="file name inside FOLDER (default paired.png)")
+    args = parser.parse_args(argv)
+    results = json.loads((args.folder / "results.json").read_text(encoding="utf-8"))
+    variants = args.variants.split(",")
+    if args.baseline not in variants:
+        parser.error(f"--baseline {args.baseline} is not among --variants {args.variants}: add it")
+    try:
+        done = {v: [results["runs"][f"{v}/seed{s}"] for s in range(args.seeds)] for v in variants}
+    except KeyError as missing:
+        parser.error(f"{args.folder}/results.json has no run {missing}: run those seeds first")
+    looks = [int(k) for k in args.looks.split(",") if k]
+    config = {"env": "the task", **results.get("config", {})}
+    plot_paired(done, args.folder / args.out, config, args.baseline, looks)
+    print(f"wrote {args.folder / args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -45,7 +45,7 @@ wheel-check: dist
 	$(BIN)/python tools/check_wheel.py dist
 
 # what CI runs besides the tests (.ci/run): types, the docs site, the wheel
-check: wheel-check
+check: typecheck wheel-check
 
 bench: setup
 	$(BIN)/ngvi bench

@@ -75,7 +75,7 @@ class PriorKey:
 #: the rules whose posterior precision is (data part) + λ, read off their ``_precision_core``: Vadam and
 #: Vprop N·s + λ, VON and VOGN N(s + λ/N), BAdam N(√v̂ + ε) + λ (``prior_prec``); IVON N(h + δ), λ = Nδ
 #: (``weight_decay``); noisy Adam (N/κ)(f + κ/(Nη)) = (N/κ)f + 1/η, λ = 1/η (``prior_var``)
-PRIOR_KEYS: tuple[tuple[type, PriorKey], ...] = (
+PRIOR_KEYS: tuple[tuple[tuple[type, ...], PriorKey], ...] = (
     ((Vadam, Vprop, VON, BAdam), PriorKey("prior_prec", lambda lam, g: lam, lambda v, g: v)),
     (
         (IVON,),
@@ -176,6 +176,7 @@ class _Objective:
                 count += picked.numel()
             return total / count, None
         f = torch.cat([_rows(self.outputs(posterior, x)) for x, _ in self.batches], dim=1)  # [S, N, D]
+        assert self.y is not None  # set for task="regression"
         if f.shape[1:] != self.y.shape:
             raise ValueError(
                 f"the model's outputs {list(f.shape[1:])} and y {list(self.y.shape)} differ in size"
@@ -442,7 +443,10 @@ def calibrate(
         if "no batch" in str(err):
             raise ValueError("calibrate: val_data holds no batch; it needs held-out (x, y) data") from None
         raise
-    points = sum(int(y.shape[0]) for _, y in batches)
+    points = 0
+    for _, y in batches:
+        assert y is not None  # _batches(..., need_labels=True) refused a batch without labels
+        points += int(y.shape[0])
     if points == 0:
         raise ValueError("calibrate: val_data holds no points; it needs held-out (x, y) data")
 
@@ -459,6 +463,7 @@ def calibrate(
             task, None, (), noise_after, noise_std, nll_before, nll_after, (), (), None, samples, points, seed
         )
 
+    assert key is not None  # fit_prior
     try:
         search = _PriorSearch(opt, key, objective, fixed_noise)
         fitted, nll_after, noise_after, grid_lams, grid_nll = search.run(grid, before_prior, extend)

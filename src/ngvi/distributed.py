@@ -57,7 +57,9 @@ def rank() -> int:
 def _device_for_collectives() -> torch.device:
     # gloo reduces CPU tensors; NCCL needs tensors on the rank's current accelerator.
     if dist.get_backend() == "nccl":
-        return torch.device(torch.accelerator.current_accelerator(), torch.accelerator.current_device_index())
+        accelerator = torch.accelerator.current_accelerator()
+        assert accelerator is not None, "the nccl backend runs only where an accelerator is present"
+        return torch.device(accelerator.type, torch.accelerator.current_device_index())
     return torch.device("cpu")
 
 

@@ -67,7 +67,7 @@ def classification_metrics(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[s
 def predictive_probs(
     model: nn.Module,
     opt: Any,
-    x: Tensor,
+    x: Tensor | Mapping[str, Any],
     samples: int = 32,
     *,
     batch_size: int = 1000,

@@ -42,6 +42,7 @@ OutputSelector = str | Callable[[Any], Tensor] | None
 
 def select_output(out: Any, output: OutputSelector = None) -> Tensor:
     """The tensor of a model's output that the predictive uses (see the module docstring)."""
+    picked: Any
     if callable(output):
         picked = output(out)
     elif isinstance(output, str):
@@ -214,6 +215,6 @@ def _linearized(model: nn.Module, opt: Any, x: Any, samples: int, output: Output
     outs = []
     for s in range(samples):
         delta = tuple(d[s] - mean[k] for d, k in zip(draws, keys, strict=True))
-        out, jv = jvp(f, tuple(mean[k] for k in keys), delta)
+        out, jv = jvp(f, tuple(mean[k] for k in keys), delta)  # type: ignore[misc]  # has_aux=False: 2
         outs.append(out + jv)
     return torch.stack(outs)

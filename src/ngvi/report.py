@@ -163,6 +163,7 @@ def uncertainty_report(
     if task == "classification":
         numbers, curve, in_scores, ood_scores = _classification(batches, ood_batches, draws, n_bins)
     else:
+        assert noise_std is not None  # checked above
         numbers, curve, in_scores, ood_scores = _regression(batches, ood_batches, draws, float(noise_std))
     if ood_scores is not None:
         labels = torch.cat([torch.zeros(in_scores.numel()), torch.ones(ood_scores.numel())])
@@ -185,9 +186,11 @@ def _classification(batches, ood_batches, draws, n_bins):
         if p.dim() == 3:
             token_level = True
             rows, ys = token_rows(p, y, x)
-            probs.append(rows), labels.append(ys)
+            probs.append(rows)
+            labels.append(ys)
         elif p.dim() == 2:
-            probs.append(p), labels.append(y)
+            probs.append(p)
+            labels.append(y)
         else:
             raise ValueError(
                 f"a classifier's outputs must be [N, C] or [N, T, V] logits, got {list(p.shape)}"
@@ -251,7 +254,9 @@ def _describe(opt: Any) -> str:
     return f"`{rule}` ({type(post).__name__} over {post.numel():,} weights)"
 
 
-def _markdown(title, task, m, describe, noise_std, n_bins) -> str:
+def _markdown(
+    title: str, task: str, m: dict[str, Any], describe: str, noise_std: float | None, n_bins: int
+) -> str:
     unit = "tokens" if m.get("token_level") else "points"
     lines = [
         f"## {title}",

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .optim.protocol import unwrap
 from .posterior.base import GaussianPosterior
 from .posterior.io import check_against_model, load_posterior, plain_hyperparameters
 from .predict import _param_keys
+from .protocol import unwrap
 
 __all__ = ["PosteriorSampler", "load_posterior", "posterior_of", "save_posterior"]
 

@@ -48,8 +48,8 @@ from torch.func import vmap
 from .evaluation import token_rows
 from .optim import IVON, VON, BAdam, NoisyAdam, VadaGrad, Vadam, Vprop
 from .optim.kronecker import KroneckerFamily
-from .optim.protocol import unwrap
 from .predict import OutputSelector, _call, _eval_mode, _param_keys, predict
+from .protocol import unwrap
 from .report import _batches
 
 __all__ = ["PRIOR_KEYS", "Calibration", "PriorKey", "calibrate", "prior_key"]

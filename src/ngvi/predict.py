@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
 
-from .optim.protocol import unwrap
+from .protocol import unwrap
 
 #: what ``output=`` takes: None (the tensor itself, or ``.logits``), a key or attribute name, or a callable
 OutputSelector = str | Callable[[Any], Tensor] | None

@@ -42,8 +42,8 @@ from torch import Tensor, nn
 from . import metrics
 from ._version import __version__
 from .evaluation import classification_metrics, token_rows
-from .optim.protocol import unwrap
 from .predict import OutputSelector, batch_size_of, predict, take
+from .protocol import unwrap
 
 __all__ = ["UncertaintyReport", "coverage_curve", "pit", "uncertainty_report"]
 

@@ -54,8 +54,8 @@ from transformers import Trainer, TrainerCallback
 from ..baselines.map import MAP
 from ..optim.base import VariationalOptimizer
 from ..optim.ivon import IVON
-from ..optim.protocol import unwrap
 from ..posterior import GaussianPosterior
+from ..protocol import unwrap
 
 __all__ = ["NGVICallback", "VariationalTrainer", "next_token_labels", "prior_kwargs"]
 

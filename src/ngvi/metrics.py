@@ -13,6 +13,23 @@ from __future__ import annotations
 import math
 
 import torch
+
+__all__ = [
+    "accuracy",
+    "auroc",
+    "brier",
+    "categorical_nll",
+    "check_classification",
+    "check_labels",
+    "ece",
+    "entropy_auroc",
+    "gaussian_log_likelihood",
+    "gaussian_predictive",
+    "predictive_entropy",
+    "predictive_probs",
+    "reliability",
+    "rmse",
+]
 from torch import Tensor
 
 

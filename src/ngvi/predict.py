@@ -39,6 +39,8 @@ from .protocol import unwrap
 #: what ``output=`` takes: None (the tensor itself, or ``.logits``), a key or attribute name, or a callable
 OutputSelector = str | Callable[[Any], Tensor] | None
 
+__all__ = ["OutputSelector", "batch_size_of", "forward", "predict", "select_output", "take"]
+
 
 def select_output(out: Any, output: OutputSelector = None) -> Tensor:
     """The tensor of a model's output that the predictive uses (see the module docstring)."""

@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+__all__ = ["PosteriorOptimizer", "unwrap"]
+
 
 @runtime_checkable
 class PosteriorOptimizer(Protocol):

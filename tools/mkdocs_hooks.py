@@ -49,6 +49,7 @@ def _public_names_table() -> str:
     import griffe  # read statically, as mkdocstrings does: building the site imports neither ngvi nor torch
 
     ngvi = griffe.load("ngvi", search_paths=[str(REPO / "src")], resolve_aliases=True, resolve_external=False)
+    # (no extension: the table shows each name's first paragraph, with roles rewritten below)
     rows = ["| name | what it is |", "|---|---|"]
     for name in ngvi.exports or []:
         obj = ngvi[name]

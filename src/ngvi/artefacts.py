@@ -48,7 +48,21 @@ def posterior_of(model: nn.Module, opt: Any) -> GaussianPosterior:
 
 
 def save_posterior(model: nn.Module, opt: Any, path: str | os.PathLike[str]) -> Path:
-    """Write ``opt``'s posterior over ``model`` to a safetensors file (see :func:`posterior_of`)."""
+    """Write ``opt``'s posterior over ``model`` to a safetensors file (see :func:`posterior_of`).
+
+    Args:
+        model: the trained model: its parameter names go into the file.
+        opt: the ngvi optimizer (or a wrapper of one) that holds the posterior.
+        path: the file to write (conventionally ``posterior.safetensors``).
+
+    Returns:
+        The path written.
+
+    Raises:
+        TypeError: ``opt`` is not an ngvi optimizer and wraps none.
+        NotImplementedError: ``opt`` is a point estimate or MC dropout, which have no Gaussian posterior.
+        ValueError: a parameter of the optimizer is not one of ``model``'s.
+    """
     return posterior_of(model, opt).save(path)
 
 

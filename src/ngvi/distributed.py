@@ -42,6 +42,7 @@ __all__ = [
     "rank_seed",
 ]
 
+#: the values of the optimizers' ``rank_noise``: every rank draws the same θ, or each its own
 RANK_NOISE = ("shared", "independent")
 
 
@@ -51,6 +52,7 @@ def is_distributed() -> bool:
 
 
 def rank() -> int:
+    """This process's rank in the default ``torch.distributed`` group (0 when none is initialised)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 

@@ -40,6 +40,8 @@ class MAP(torch.optim.Adam):
         data_size: N, the number of training examples (the closure returns a mean over a minibatch).
         lr, betas, eps: Adam's.
         prior_prec: λ of the prior N(0, I/λ); 0 gives plain Adam.
+        mc_samples: must be 1 (a point estimate: every sample is the same); accepted for the shared
+            vocabulary.
 
     Each group's ``weight_decay`` is derived from its ``prior_prec`` and ``data_size`` when the group is
     added and again at every step, so either may change mid-run (a data set that grows, as in a bandit);

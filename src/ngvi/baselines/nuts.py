@@ -59,7 +59,8 @@ class NUTSPosterior:
 
     ``draws`` has shape [chains, samples, D] (D = number of parameters, in ``model.parameters()`` order).
     ``r_hat`` and ``ess`` are per weight (see the module note on identifiability); ``divergences`` (count of
-    divergent transitions after warm-up), ``step_size`` (the adapted one) and ``seconds`` are per chain."""
+    divergent transitions after warm-up), ``step_size`` (the adapted one) and ``seconds`` are per chain;
+    ``settings``: the sampler's settings, for the record."""
 
     model: nn.Module
     draws: Tensor

@@ -39,7 +39,7 @@ def _outside_docs(page_path: str, target: str) -> str | None:
         return None
     if page_path in ("index.md", "CHANGELOG.md"):  # generated from the repository's root
         repo_path = posixpath.normpath(path)
-        in_docs = (REPO / "docs" / repo_path).exists()
+        in_docs = (REPO / "docs" / repo_path).exists() or repo_path == "CHANGELOG.md"  # a page, generated
         return None if in_docs else repo_path
     repo_path = posixpath.normpath(posixpath.join("docs", posixpath.dirname(page_path), path))
     return None if repo_path.startswith("docs/") else repo_path

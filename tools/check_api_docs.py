@@ -44,23 +44,9 @@ PUBLIC_MODULES = [
     "ngvi.integrations.hf",
 ]
 # name (as the first public module that exports it spells it) -> the arguments its docstring lacks so far.
-# load_posterior (posterior/io.py) and the two hf helpers were being edited elsewhere when this list was made;
-# the others are layout and numerical helpers whose docstrings refer to a sibling's arguments.
+# load_posterior (posterior/io.py) and the two hf helpers were being edited elsewhere when this list was made.
 KNOWN_GAPS: dict[str, set[str]] = {
     "ngvi.load_posterior": {"path"},
-    "ngvi.posterior.as_full": {"posterior"},
-    "ngvi.posterior.flatten": {"tensors"},
-    "ngvi.posterior.join_block": {"groups"},
-    "ngvi.posterior.split_block": {"groups"},
-    "ngvi.posterior.unflatten": {"flat"},
-    "ngvi.curvature.HookedLayer": {"bias", "kind", "module", "name"},
-    "ngvi.curvature.damped_inverses": {"c_root"},
-    "ngvi.curvature.find_layers": {"model"},
-    "ngvi.baselines.linear_regression_elbo": {"noise_prec", "prior_prec"},
-    "ngvi.baselines.linear_regression_mean_field": {"X", "noise_prec", "prior_prec", "y"},
-    "ngvi.baselines.logistic_regression_elbo": {"X", "prior_prec", "y"},
-    "ngvi.baselines.logistic_regression_mean_field": {"max_iter", "prior_prec", "quad_points", "y"},
-    "ngvi.baselines.nuts_posterior": {"full_mass"},
     "ngvi.integrations.hf.next_token_labels": {"attention_mask", "input_ids"},
     "ngvi.integrations.hf.prior_kwargs": {"optimizer_cls", "weight_decay"},
 }

@@ -229,6 +229,7 @@ def nuts_posterior(
         init_scale: chains start at init_scale · (a prior draw).
         init_params: [chains, D] starting points instead (e.g. the last draws of an earlier run, to continue
             from them after the data changed by a point); warm-up still adapts the step size and mass.
+        full_mass: adapt a dense mass matrix in warm-up (pyro's ``full_mass=True``) instead of a diagonal one.
 
     Returns:
         A :class:`NUTSPosterior`.

@@ -211,8 +211,11 @@ def _split_legendre() -> tuple[np.ndarray, np.ndarray]:
 def _rules(like: Tensor, quad_points: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     gh_nodes, gh_weights = _gauss_hermite(check.positive_int("quad_points", quad_points))
     gl_nodes, gl_weights = _split_legendre()
-    return tuple(torch.as_tensor(a, dtype=like.dtype, device=like.device)
-                 for a in (gh_nodes, gh_weights, gl_nodes, gl_weights))  # fmt: skip
+
+    def cast(a: np.ndarray) -> Tensor:
+        return torch.as_tensor(a, dtype=like.dtype, device=like.device)
+
+    return cast(gh_nodes), cast(gh_weights), cast(gl_nodes), cast(gl_weights)
 
 
 def _split_expectation(smooth: Tensor, remainder: Tensor, m: Tensor, v: Tensor, nodes: Tensor,

@@ -157,7 +157,7 @@ class MAP(torch.optim.Adam):
             raise RuntimeError("a sample is already open: call end_sample() first")
         scope = self.sampled_params(train=train)
         scope.__enter__()
-        self._open_sample = scope
+        self._open_sample: contextlib.AbstractContextManager[None] | None = scope
 
     def end_sample(self, discard: bool = False) -> None:
         """Close the sample; ``discard`` drops its gradients (``zero_grad()``): no step from a failed pass."""
@@ -165,6 +165,7 @@ class MAP(torch.optim.Adam):
             name = type(self).__name__
             raise RuntimeError(f"{name}.end_sample(): no sample is open (begin_sample() first)")
         scope, self._open_sample = self._open_sample, None
+        assert scope is not None  # in_sample
         scope.__exit__(None, None, None)
         if discard:
             self.zero_grad()

@@ -129,7 +129,8 @@ class MCDropout(MAP):
         Returns the mean loss."""
         if closure is None or self.mc_samples == 1:
             return super().step(closure)
-        losses, sums = [], {}
+        losses: list[Any] = []
+        sums: dict[Tensor, Tensor] = {}  # the gradients added over masks, by parameter
         for _ in range(self.mc_samples):
             with torch.enable_grad():
                 result = closure()

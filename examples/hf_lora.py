@@ -10,8 +10,10 @@
 
 ``data_size`` is the number of *tokens* of the fine-tuning set, because the Trainer's loss is a token mean
 (docs/CHOOSING.md, "Language models and LoRA"). ``--quick`` (CI) runs a few steps in well under a minute.
+It trains on the accelerator when there is one (the Trainer's choice: CUDA, ...) and on the CPU otherwise;
+``--cpu`` keeps it on the CPU.
 
-    python examples/hf_lora.py [--quick] [--text PATH]
+    python examples/hf_lora.py [--quick] [--cpu] [--text PATH]
 """
 
 from __future__ import annotations
@@ -57,10 +59,10 @@ def load_text(path: Path | None, chars: int) -> str:
     return " ".join(text.split())[:chars]  # one space for any run of white space
 
 
-def arguments(out: str, steps: int, batch: int, lr: float) -> TrainingArguments:
+def arguments(out: str, steps: int, batch: int, lr: float, cpu: bool) -> TrainingArguments:
     return TrainingArguments(
         out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=lr, report_to=[],
-        save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, logging_strategy="no",
+        save_strategy="no", use_cpu=cpu, disable_tqdm=True, dataloader_num_workers=0, logging_strategy="no",
         lr_scheduler_type="constant", seed=0,
     )  # fmt: skip
 
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few steps (CI)")
     parser.add_argument("--text", type=Path, default=None)
     parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--cpu", action="store_true", help="train on the CPU even where an accelerator is")
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -94,7 +97,9 @@ def main() -> None:
     config.bos_token_id = config.eos_token_id = 0  # inside this vocabulary
     base = GPT2LMHeadModel(config)
     out = tempfile.mkdtemp()
-    Trainer(model=base, args=arguments(out, pre_steps, batch, 3e-3), train_dataset=Sequences(pre)).train()
+    pretrain = arguments(out, pre_steps, batch, 3e-3, args.cpu)
+    device = pretrain.device  # the accelerator when there is one (and --cpu is not given), else the CPU
+    Trainer(model=base, args=pretrain, train_dataset=Sequences(pre)).train()
     state = {k: v.clone() for k, v in base.state_dict().items()}
 
     # IVON-LoRA: N = tokens of the fine-tuning set (the loss is a token mean); σ₀ = 1/√(N·(h₀ + δ))
@@ -102,24 +107,24 @@ def main() -> None:
     tokens = tune[:, 1:].numel()
     opt = ngvi.IVON(model.parameters(), data_size=tokens, lr=0.05, hess_init=0.1, seed=0)
     trainer = VariationalTrainer(
-        model=model, args=arguments(out, tune_steps, batch, 0.05), train_dataset=Sequences(tune),
+        model=model, args=arguments(out, tune_steps, batch, 0.05, args.cpu), train_dataset=Sequences(tune),
         optimizers=(opt, None), eval_samples=args.samples,
     )  # fmt: skip
     trainer.train()
 
-    x = {"input_ids": test}
-    y = next_token_labels(test)
+    x = {"input_ids": test.to(device)}  # the Trainer moved the model to `device`
+    y = next_token_labels(test).to(device)
     ivon = ngvi.evaluate_classifier(model, trainer.optimizer, x, y, samples=args.samples, batch_size=64)
 
     twin = GPT2LMHeadModel(config)
     twin.load_state_dict(state)  # the same pre-trained network for the AdamW adapters
     adamw_model = lora(twin)
-    Trainer(
-        model=adamw_model, args=arguments(out, tune_steps, batch, 3e-3), train_dataset=Sequences(tune)
-    ).train()
+    adamw_args = arguments(out, tune_steps, batch, 3e-3, args.cpu)
+    Trainer(model=adamw_model, args=adamw_args, train_dataset=Sequences(tune)).train()
     point = ngvi.baselines.MAP(adamw_model.parameters(), tokens)  # AdamW's weights, evaluated as they are
     adamw = ngvi.evaluate_classifier(adamw_model, point, x, y, samples=1)
 
+    print(f"device: {device}")
     print(f"text: {len(text)} characters, vocabulary {len(chars)}; fine-tuning data_size = {tokens} tokens")
     sigma = torch.cat([v.flatten() for v in trainer.posterior().variance]).sqrt()
     print(f"sigma after fine-tuning: median {float(sigma.median()):.4f}")

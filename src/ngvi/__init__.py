@@ -32,13 +32,11 @@ from .optim import (
     NoisyAdam,
     NoisyKFAC,
     NonFiniteGradientError,
-    PosteriorOptimizer,
     PosteriorWarning,
     VadaGrad,
     Vadam,
     VariationalOptimizer,
     Vprop,
-    unwrap,
 )
 from .posterior import (
     BlockTridiagonalGaussian,
@@ -49,6 +47,7 @@ from .posterior import (
     symmetric_kl,
 )
 from .predict import predict
+from .protocol import PosteriorOptimizer, unwrap
 from .pruning import apply_masks, prune_masks, pruned
 from .report import UncertaintyReport, uncertainty_report
 

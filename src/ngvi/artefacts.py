@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .optim.protocol import unwrap
 from .posterior.base import GaussianPosterior
 from .posterior.io import (
     check_against_model,
@@ -44,6 +43,7 @@ from .posterior.io import (
     plain_hyperparameters,
 )
 from .predict import _param_keys
+from .protocol import unwrap
 
 __all__ = ["PosteriorSampler", "load_posterior", "posterior_of", "save_posterior"]
 
@@ -63,7 +63,21 @@ def posterior_of(model: nn.Module, opt: Any) -> GaussianPosterior:
 
 
 def save_posterior(model: nn.Module, opt: Any, path: str | os.PathLike[str]) -> Path:
-    """Write ``opt``'s posterior over ``model`` to a safetensors file (see :func:`posterior_of`)."""
+    """Write ``opt``'s posterior over ``model`` to a safetensors file (see :func:`posterior_of`).
+
+    Args:
+        model: the trained model: its parameter names go into the file.
+        opt: the ngvi optimizer (or a wrapper of one) that holds the posterior.
+        path: the file to write (conventionally ``posterior.safetensors``).
+
+    Returns:
+        The path written.
+
+    Raises:
+        TypeError: ``opt`` is not an ngvi optimizer and wraps none.
+        NotImplementedError: ``opt`` is a point estimate or MC dropout, which have no Gaussian posterior.
+        ValueError: a parameter of the optimizer is not one of ``model``'s.
+    """
     return posterior_of(model, opt).save(path)
 
 

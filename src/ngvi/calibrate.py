@@ -48,8 +48,8 @@ from torch.func import vmap
 from .evaluation import token_rows
 from .optim import IVON, VON, BAdam, NoisyAdam, VadaGrad, Vadam, Vprop
 from .optim.kronecker import KroneckerFamily
-from .optim.protocol import unwrap
 from .predict import OutputSelector, _call, _eval_mode, _param_keys, predict
+from .protocol import unwrap
 from .report import _batches
 
 __all__ = ["PRIOR_KEYS", "Calibration", "PriorKey", "calibrate", "prior_key"]
@@ -65,7 +65,11 @@ _NOISE_STEPS = tuple(range(-6, 3))  # σ's grid: the moment-matched σ × 2^k
 
 @dataclass(frozen=True)
 class PriorKey:
-    """Where a rule keeps λ: the group key and the maps between its value and λ (``group`` gives N)."""
+    """Where a rule keeps λ: the group key and the maps between its value and λ (``group`` gives N).
+
+    ``key``: the parameter-group key; ``from_prior(λ, group)``: the value to store for λ;
+    ``to_prior(value, group)``: the λ a stored value means.
+    """
 
     key: str
     from_prior: Callable[[float, dict[str, Any]], float]
@@ -75,7 +79,7 @@ class PriorKey:
 #: the rules whose posterior precision is (data part) + λ, read off their ``_precision_core``: Vadam and
 #: Vprop N·s + λ, VON and VOGN N(s + λ/N), BAdam N(√v̂ + ε) + λ (``prior_prec``); IVON N(h + δ), λ = Nδ
 #: (``weight_decay``); noisy Adam (N/κ)(f + κ/(Nη)) = (N/κ)f + 1/η, λ = 1/η (``prior_var``)
-PRIOR_KEYS: tuple[tuple[type, PriorKey], ...] = (
+PRIOR_KEYS: tuple[tuple[tuple[type, ...], PriorKey], ...] = (
     ((Vadam, Vprop, VON, BAdam), PriorKey("prior_prec", lambda lam, g: lam, lambda v, g: v)),
     (
         (IVON,),
@@ -89,13 +93,15 @@ PRIOR_KEYS: tuple[tuple[type, PriorKey], ...] = (
 class Calibration:
     """What :func:`calibrate` fitted, on ``points`` held-out points with ``samples`` posterior draws.
 
-    ``prior_prec``: the λ written into every parameter group (as ``key``: ``prior_prec``, IVON's
-    ``weight_decay`` = λ/N or noisy Adam's ``prior_var`` = 1/λ); None where the prior was not fitted.
-    ``prior_prec_before``: each group's λ before. ``noise_std`` (regression): the fitted noise s.d., or the
-    one given when it was not fitted; ``noise_std_before``: the one given (None if none was). ``nll_before``:
-    the held-out NLL at the λ before and ``noise_std_before`` (when none was given, at the σ fitted for the
-    λ before); ``nll_after``: at the fitted values. ``grid`` and ``grid_nll``: the λ of the grid, in
-    increasing order, and the NLL at each (at its own best σ for regression)."""
+    ``task``: ``"regression"`` or ``"classification"``, as given. ``prior_prec``: the λ written into every
+    parameter group (as ``key``: ``prior_prec``, IVON's ``weight_decay`` = λ/N or noisy Adam's
+    ``prior_var`` = 1/λ); None where the prior was not fitted. ``prior_prec_before``: each group's λ before.
+    ``noise_std`` (regression): the fitted noise s.d., or the one given when it was not fitted;
+    ``noise_std_before``: the one given (None if none was). ``nll_before``: the held-out NLL at the λ before
+    and ``noise_std_before`` (when none was given, at the σ fitted for the λ before); ``nll_after``: at the
+    fitted values. ``grid`` and ``grid_nll``: the λ of the grid, in increasing order, and the NLL at each (at
+    its own best σ for regression). ``seed``: the seed of the draws.
+    """
 
     task: str
     prior_prec: float | None
@@ -176,6 +182,7 @@ class _Objective:
                 count += picked.numel()
             return total / count, None
         f = torch.cat([_rows(self.outputs(posterior, x)) for x, _ in self.batches], dim=1)  # [S, N, D]
+        assert self.y is not None  # set for task="regression"
         if f.shape[1:] != self.y.shape:
             raise ValueError(
                 f"the model's outputs {list(f.shape[1:])} and y {list(self.y.shape)} differ in size"
@@ -420,12 +427,33 @@ def calibrate(
 ) -> Calibration:
     """Fit λ (and, for regression, the noise s.d.) on held-out data; write λ into ``opt`` (module docstring).
 
-    ``val_data``: ``(x, y)`` tensors, a Mapping batch with ``labels``, or an iterable of either (a
-    DataLoader). ``task``: ``"regression"`` (outputs shaped like y) or ``"classification"`` (logits).
-    ``noise_std``: the likelihood's noise s.d. (regression) — the value to keep with ``fit_noise=False``,
-    else the "before" of the comparison. ``grid``: the candidate λ (default 10⁻⁴…10⁴, extended at its
-    ends). ``samples`` draws seeded by ``seed``; ``vectorize=True`` evaluates ``chunk`` of them in one
-    ``torch.func.vmap`` pass (default all)."""
+    Args:
+        model: the trained network.
+        opt: the ngvi optimizer that trained it (or a wrapper of one); its parameter groups get the fitted λ.
+        val_data: held-out data: ``(x, y)`` tensors, a Mapping batch with ``labels``, or an iterable of either
+            (a DataLoader).
+        task: ``"regression"`` (outputs shaped like y) or ``"classification"`` (logits).
+        noise_std: the likelihood's noise s.d. (regression): the value to keep with ``fit_noise=False``, else
+            the "before" of the comparison.
+        fit_prior: fit λ on the grid (False: only the noise s.d.).
+        fit_noise: fit the regression noise s.d. too (default: True for regression).
+        grid: the candidate λ (default 10⁻⁴…10⁴, extended at its ends while the best is there).
+        samples: posterior draws per evaluation, the same draws for every λ (common random numbers).
+        seed: seeds those draws.
+        batch_size: points per forward pass when ``val_data`` is one batch.
+        vectorize: evaluate ``chunk`` draws in one ``torch.func.vmap`` pass.
+        chunk: draws per vectorised pass (default all).
+        output: picks the tensor of a non-tensor output (:func:`ngvi.predict`).
+
+    Returns:
+        A :class:`Calibration` with the fitted and the previous values and the held-out NLL at each.
+
+    Raises:
+        ValueError: an unknown ``task``, nothing to fit, a ``noise_std`` or ``fit_noise`` that does not fit
+            the task, bad ``samples``, ``chunk`` or ``grid``, or no held-out points; the message says which.
+        TypeError: ``opt`` has no posterior to sample, or its rule keeps λ where it cannot be refitted (the
+            message names the fix).
+    """
     if task not in TASKS:
         raise ValueError(f"task must be 'regression' or 'classification', got {task!r}")
     fit_noise = task == "regression" if fit_noise is None else fit_noise
@@ -465,7 +493,10 @@ def calibrate(
         if "no batch" in str(err):
             raise ValueError("calibrate: val_data holds no batch; it needs held-out (x, y) data") from None
         raise ValueError(f"calibrate: {err}") from None  # a label per input, finite inputs and targets
-    points = sum(int(y.shape[0]) for _, y in batches)
+    points = 0
+    for _, y in batches:
+        assert y is not None  # _batches(..., need_labels=True) refused a batch without labels
+        points += int(y.shape[0])
     if points == 0:
         raise ValueError("calibrate: val_data holds no points; it needs held-out (x, y) data")
     if task == "classification":
@@ -484,6 +515,7 @@ def calibrate(
             task, None, (), noise_after, noise_std, nll_before, nll_after, (), (), None, samples, points, seed
         )
 
+    assert key is not None  # fit_prior
     try:
         search = _PriorSearch(opt, key, objective, fixed_noise)
         fitted, nll_after, noise_after, grid_lams, grid_nll = search.run(grid, before_prior, extend)

@@ -42,6 +42,7 @@ __all__ = [
     "rank_seed",
 ]
 
+#: the values of the optimizers' ``rank_noise``: every rank draws the same θ, or each its own
 RANK_NOISE = ("shared", "independent")
 
 
@@ -51,13 +52,16 @@ def is_distributed() -> bool:
 
 
 def rank() -> int:
+    """This process's rank in the default ``torch.distributed`` group (0 when none is initialised)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _device_for_collectives() -> torch.device:
     # gloo reduces CPU tensors; NCCL needs tensors on the rank's current accelerator.
     if dist.get_backend() == "nccl":
-        return torch.device(torch.accelerator.current_accelerator(), torch.accelerator.current_device_index())
+        accelerator = torch.accelerator.current_accelerator()
+        assert accelerator is not None, "the nccl backend runs only where an accelerator is present"
+        return torch.device(accelerator.type, torch.accelerator.current_device_index())
     return torch.device("cpu")
 
 

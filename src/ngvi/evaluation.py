@@ -39,8 +39,12 @@ __all__ = ["ClassifierEvaluation", "classification_metrics", "evaluate_classifie
 
 @dataclass
 class ClassifierEvaluation:
-    """``bma`` and ``mean``: {"accuracy", "nll", "ece", "brier"} as floats; ``reliability``: the bins of each
-    (:func:`ngvi.metrics.reliability`); ``probs_bma``/``probs_mean``: [N, C] predictive probabilities."""
+    """What :func:`evaluate_classifier` measured.
+
+    ``bma`` and ``mean``: {"accuracy", "nll", "ece", "brier"} as floats; ``reliability``: the bins of each
+    (:func:`ngvi.metrics.reliability`); ``probs_bma``/``probs_mean``: [N, C] predictive probabilities;
+    ``samples``: the number of posterior draws averaged.
+    """
 
     bma: dict[str, float]
     mean: dict[str, float]
@@ -51,7 +55,19 @@ class ClassifierEvaluation:
 
 
 def classification_metrics(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, float]:
-    """Accuracy, NLL, ECE (``n_bins`` bins) and Brier score of predictive probabilities [N, C]."""
+    """Accuracy, NLL, ECE (``n_bins`` bins) and Brier score of predictive probabilities [N, C].
+
+    Args:
+        probs: class probabilities [N, C].
+        y: class indices [N].
+        n_bins: the ECE's bins.
+
+    Returns:
+        ``{"accuracy", "nll", "ece", "brier"}`` as floats.
+
+    Raises:
+        ValueError: as :func:`ngvi.metrics.check_classification`.
+    """
     metrics.check_classification(probs, y)
     p = probs.double()
     picked = p.gather(1, y.long().view(-1, 1)).squeeze(1)
@@ -67,7 +83,7 @@ def classification_metrics(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[s
 def predictive_probs(
     model: nn.Module,
     opt: Any,
-    x: Tensor,
+    x: Tensor | Mapping[str, Any],
     samples: int = 32,
     *,
     batch_size: int = 1000,
@@ -75,8 +91,26 @@ def predictive_probs(
     generator: torch.Generator | None = None,
     output: OutputSelector = None,
 ) -> tuple[Tensor, Tensor]:
-    """(BMA probabilities over ``samples`` draws, probabilities at the mean weights), each [N, C] float64
-    ([N, T, V] for token-level outputs; ``x`` may be a Mapping batch, ``output`` picks the logits)."""
+    """The Bayesian model average's class probabilities and those of the mean weights.
+
+    Args:
+        model: the classifier.
+        opt: an ngvi optimizer or baseline (or a wrapper of one, or a :class:`~ngvi.PosteriorSampler`).
+        x: the inputs [N, ...], or a Mapping batch (``model(**x)``).
+        samples: posterior draws S.
+        batch_size: points per forward pass.
+        vectorize: draw in batched ``torch.func.vmap`` passes (:func:`ngvi.predict`).
+        generator: seeds the draws of ``vectorize=True``.
+        output: picks the logits of a non-tensor output.
+
+    Returns:
+        (BMA probabilities over ``samples`` draws, probabilities at the mean weights), each [N, C] float64
+        ([N, T, V] for token-level outputs).
+
+    Raises:
+        ValueError: ``samples`` or ``batch_size`` not a positive int, no points, non-finite inputs, or outputs
+            that are not [N, C] or [N, T, V] logits.
+    """
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive int, got {samples!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -158,7 +192,27 @@ def evaluate_classifier(
     output: OutputSelector = None,
 ) -> ClassifierEvaluation:
     """Metrics of the BMA over ``samples`` posterior draws and of the mean weights (see the module doc);
-    per token for token-level outputs."""
+    per token for token-level outputs.
+
+    Args:
+        model: the classifier.
+        opt: an ngvi optimizer or baseline (or a wrapper of one, or a :class:`~ngvi.PosteriorSampler`).
+        x: the test inputs [N, ...], or a Mapping batch (``model(**x)``).
+        y: class indices [N] ([N, T] for token-level outputs, −100 and padding not counted).
+        samples: posterior draws S.
+        n_bins: the ECE's and the reliability diagram's bins.
+        batch_size: points per forward pass.
+        vectorize: draw in batched ``torch.func.vmap`` passes (:func:`ngvi.predict`).
+        generator: seeds the draws of ``vectorize=True``.
+        output: picks the logits of a non-tensor output.
+
+    Returns:
+        A :class:`ClassifierEvaluation`.
+
+    Raises:
+        ValueError: ``x`` and ``y`` of different lengths, labels that fail
+            :func:`ngvi.metrics.check_labels`, or as :func:`predictive_probs`.
+    """
     n = _check_inputs(x)
     if n != y.shape[0]:
         raise ValueError(f"x has {n} points but y has {y.shape[0]} labels")

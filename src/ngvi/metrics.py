@@ -13,6 +13,23 @@ from __future__ import annotations
 import math
 
 import torch
+
+__all__ = [
+    "accuracy",
+    "auroc",
+    "brier",
+    "categorical_nll",
+    "check_classification",
+    "check_labels",
+    "ece",
+    "entropy_auroc",
+    "gaussian_log_likelihood",
+    "gaussian_predictive",
+    "predictive_entropy",
+    "predictive_probs",
+    "reliability",
+    "rmse",
+]
 from torch import Tensor
 
 
@@ -27,7 +44,17 @@ def _check_samples(samples: Tensor, y: Tensor, name: str = "samples") -> None:
 
 def check_labels(y: Tensor, n: int, num_classes: int) -> None:
     """Class labels: shaped [N], indices in [0, C). [N, 1] would broadcast against [N] predictions into a
-    wrong value instead of failing, so every metric that takes labels asks this first."""
+    wrong value instead of failing, so every metric that takes labels asks this first.
+
+    Args:
+        y: the labels.
+        n: N, the number of rows of predictions.
+        num_classes: C.
+
+    Raises:
+        ValueError: ``y`` is not [N] (an [N, 1] gets the hint ``y.squeeze(-1)``), holds non-integers, or an
+            index outside [0, C).
+    """
     shape = list(y.shape)
     if y.dim() == 2 and y.shape[1] == 1 and y.shape[0] == n:
         raise ValueError(f"labels must be shaped [N] (class indices); got {shape}: use y.squeeze(-1)")
@@ -43,14 +70,33 @@ def check_labels(y: Tensor, n: int, num_classes: int) -> None:
 
 
 def check_classification(probs: Tensor, y: Tensor) -> None:
-    """Predictive probabilities [N, C] and their labels [N] (ValueError naming what is off)."""
+    """Predictive probabilities [N, C] and their labels [N] (ValueError naming what is off).
+
+    Args:
+        probs: class probabilities [N, C].
+        y: class indices [N].
+
+    Raises:
+        ValueError: ``probs`` is not [N, C], or ``y`` fails :func:`check_labels`.
+    """
     if probs.dim() != 2:
         raise ValueError(f"probs must be shaped [N, C], got {list(probs.shape)}")
     check_labels(y, probs.shape[0], probs.shape[1])
 
 
 def rmse(pred: Tensor, y: Tensor) -> float:
-    """Root-mean-squared error of a point prediction (e.g. the predictive mean) against y."""
+    """Root-mean-squared error of a point prediction (e.g. the predictive mean) against y.
+
+    Args:
+        pred: the predictions, any shape with as many values as ``y``.
+        y: the targets.
+
+    Returns:
+        The RMSE, a float (computed in float64).
+
+    Raises:
+        ValueError: ``pred`` and ``y`` hold different numbers of values.
+    """
     pred, y = pred.reshape(-1).double(), y.reshape(-1).double()
     if pred.shape != y.shape:
         raise ValueError(f"pred has {pred.numel()} values but y has {y.numel()}")
@@ -58,7 +104,19 @@ def rmse(pred: Tensor, y: Tensor) -> float:
 
 
 def gaussian_log_likelihood(samples: Tensor, y: Tensor, noise_prec: float) -> float:
-    r"""Mean test log-likelihood of y under the mixture (1/S) Σₛ N(fₛ(x), 1/τ), τ = ``noise_prec``."""
+    r"""Mean test log-likelihood of y under the mixture (1/S) Σₛ N(fₛ(x), 1/τ), τ = ``noise_prec``.
+
+    Args:
+        samples: the outputs under S posterior draws, [S, N] or [S, N, D] (as :func:`ngvi.predict` gives).
+        y: the targets, [N] or [N, D].
+        noise_prec: τ > 0.
+
+    Returns:
+        The mean over points of the log of the mixture density (log-sum-exp form), a float.
+
+    Raises:
+        ValueError: shapes that do not match, or τ ≤ 0.
+    """
     _check_samples(samples, y)
     if not noise_prec > 0:
         raise ValueError(f"noise_prec must be positive, got {noise_prec}")
@@ -70,19 +128,45 @@ def gaussian_log_likelihood(samples: Tensor, y: Tensor, noise_prec: float) -> fl
 
 
 def gaussian_predictive(samples: Tensor, noise_prec: float) -> tuple[Tensor, Tensor]:
-    """Mean and variance of the predictive mixture: E[f] and Var[f] + 1/τ."""
+    """Mean and variance of the predictive mixture: E[f] and Var[f] + 1/τ.
+
+    Args:
+        samples: the outputs under S posterior draws, [S, ...].
+        noise_prec: τ, the likelihood's noise precision.
+
+    Returns:
+        (mean, variance), each shaped like one sample.
+    """
     return samples.mean(0), samples.var(0, unbiased=False) + 1.0 / noise_prec
 
 
 def predictive_probs(logit_samples: Tensor) -> Tensor:
-    """Class probabilities (1/S) Σₛ softmax(logitsₛ), shaped [N, C]."""
+    """Class probabilities (1/S) Σₛ softmax(logitsₛ), shaped [N, C].
+
+    Args:
+        logit_samples: logits under S posterior draws, [S, N, C].
+
+    Returns:
+        The Bayesian model average of the class probabilities, [N, C].
+    """
     if logit_samples.dim() != 3:
         raise ValueError(f"logit samples must be shaped [S, N, C], got {tuple(logit_samples.shape)}")
     return torch.softmax(logit_samples.double(), -1).mean(0)
 
 
 def categorical_nll(logit_samples: Tensor, y: Tensor) -> float:
-    r"""−(1/N) Σₙ log (1/S) Σₛ softmax(fₛ(xₙ))[yₙ], computed stably in log space."""
+    r"""−(1/N) Σₙ log (1/S) Σₛ softmax(fₛ(xₙ))[yₙ], computed stably in log space.
+
+    Args:
+        logit_samples: logits under S posterior draws, [S, N, C].
+        y: class indices [N].
+
+    Returns:
+        The mean negative log-likelihood of the model average, in nats.
+
+    Raises:
+        ValueError: the shapes do not match or ``y`` fails :func:`check_labels`.
+    """
     if logit_samples.dim() != 3:
         raise ValueError(f"logit samples must be shaped [S, N, C], got {list(logit_samples.shape)}")
     check_labels(y, logit_samples.shape[1], logit_samples.shape[2])
@@ -92,13 +176,35 @@ def categorical_nll(logit_samples: Tensor, y: Tensor) -> float:
 
 
 def accuracy(probs: Tensor, y: Tensor) -> float:
-    """The fraction of points whose most probable class (probs [N, C]) is the label."""
+    """The fraction of points whose most probable class (probs [N, C]) is the label.
+
+    Args:
+        probs: class probabilities [N, C].
+        y: class indices [N].
+
+    Returns:
+        The accuracy in [0, 1].
+
+    Raises:
+        ValueError: as :func:`check_classification`.
+    """
     check_classification(probs, y)
     return float((probs.argmax(-1) == y.long()).double().mean())
 
 
 def brier(probs: Tensor, y: Tensor) -> float:
-    """Mean over points of Σ_c (p_c − 1[y = c])²."""
+    """Mean over points of Σ_c (p_c − 1[y = c])².
+
+    Args:
+        probs: class probabilities [N, C].
+        y: class indices [N].
+
+    Returns:
+        The Brier score in [0, 2].
+
+    Raises:
+        ValueError: as :func:`check_classification`.
+    """
     check_classification(probs, y)
     onehot = torch.nn.functional.one_hot(y.long(), probs.shape[-1]).double()
     return float(((probs.double() - onehot) ** 2).sum(-1).mean())
@@ -108,7 +214,19 @@ def reliability(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, Tensor]
     """Per-bin mean confidence, accuracy and count of the top-class confidence (Guo et al. 2017, §2).
 
     Bins are equal-width: bin b holds confidences in [b/B, (b+1)/B), and a confidence of exactly 1 goes to the
-    last bin. Empty bins have count 0 (and confidence = accuracy = 0)."""
+    last bin. Empty bins have count 0 (and confidence = accuracy = 0).
+
+    Args:
+        probs: class probabilities [N, C].
+        y: class indices [N].
+        n_bins: B.
+
+    Returns:
+        ``{"confidence", "accuracy", "count"}``, each a tensor [B].
+
+    Raises:
+        ValueError: as :func:`check_classification`.
+    """
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
     check_classification(probs, y)
@@ -123,13 +241,32 @@ def reliability(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, Tensor]
 
 
 def ece(probs: Tensor, y: Tensor, n_bins: int = 15) -> float:
-    """Expected calibration error (Guo et al. 2017): Σ_b (n_b/N)·|acc_b − conf_b|."""
+    """Expected calibration error (Guo et al. 2017): Σ_b (n_b/N)·|acc_b − conf_b|.
+
+    Args:
+        probs: class probabilities [N, C].
+        y: class indices [N].
+        n_bins: the number of equal-width confidence bins (:func:`reliability`).
+
+    Returns:
+        The ECE in [0, 1].
+
+    Raises:
+        ValueError: as :func:`check_classification`.
+    """
     r = reliability(probs, y, n_bins)
     return float((r["count"] / r["count"].sum() * (r["accuracy"] - r["confidence"]).abs()).sum())
 
 
 def predictive_entropy(probs: Tensor) -> Tensor:
-    r"""H[p] = −Σ_c p_c log p_c per point (nats; 0·log 0 = 0): the score of out-of-distribution detection."""
+    r"""H[p] = −Σ_c p_c log p_c per point (nats; 0·log 0 = 0): the score of out-of-distribution detection.
+
+    Args:
+        probs: class probabilities [..., C].
+
+    Returns:
+        The entropy of each row, [...].
+    """
     p = probs.double()
     return -(p * torch.where(p > 0, p.log(), 0.0)).sum(-1)
 

@@ -34,14 +34,30 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
 
-from .optim.protocol import unwrap
+from .protocol import unwrap
 
 #: what ``output=`` takes: None (the tensor itself, or ``.logits``), a key or attribute name, or a callable
 OutputSelector = str | Callable[[Any], Tensor] | None
 
+__all__ = ["OutputSelector", "batch_size_of", "forward", "predict", "select_output", "take"]
+
 
 def select_output(out: Any, output: OutputSelector = None) -> Tensor:
-    """The tensor of a model's output that the predictive uses (see the module docstring)."""
+    """The tensor of a model's output that the predictive uses (see the module docstring).
+
+    Args:
+        out: what the model returned: a tensor, a Mapping, or an object such as a ``ModelOutput``.
+        output: None (``out`` itself if a tensor, else its ``logits``), a key or attribute name, or a
+            callable.
+
+    Returns:
+        The selected tensor.
+
+    Raises:
+        ValueError: ``output`` names a key or attribute ``out`` does not have.
+        TypeError: ``output`` is of another type, or what it selects is not a tensor.
+    """
+    picked: Any
     if callable(output):
         picked = output(out)
     elif isinstance(output, str):
@@ -70,7 +86,17 @@ def forward(model: nn.Module, x: Any, output: OutputSelector = None) -> Tensor:
 
 
 def batch_size_of(x: Any) -> int:
-    """The number of points of a tensor batch or of a Mapping of [N, ...] tensors (a tokenised batch)."""
+    """The number of points of a tensor batch or of a Mapping of [N, ...] tensors (a tokenised batch).
+
+    Args:
+        x: a tensor [N, ...] or a Mapping whose tensor values share their first dimension N.
+
+    Returns:
+        N.
+
+    Raises:
+        ValueError: a Mapping without tensors, or whose tensors disagree on N.
+    """
     if isinstance(x, Mapping):
         sizes = {v.shape[0] for v in x.values() if isinstance(v, Tensor) and v.dim() > 0}
         if len(sizes) != 1:
@@ -80,7 +106,15 @@ def batch_size_of(x: Any) -> int:
 
 
 def take(x: Any, rows: slice) -> Any:
-    """Rows of a tensor batch, or of every [N, ...] tensor of a Mapping batch."""
+    """Rows of a tensor batch, or of every [N, ...] tensor of a Mapping batch.
+
+    Args:
+        x: a tensor [N, ...] or a Mapping batch (values that are not tensors are kept as they are).
+        rows: the slice of the first dimension to keep.
+
+    Returns:
+        The batch cut to ``rows``, of the same kind as ``x``.
+    """
     if isinstance(x, Mapping):
         return {k: v[rows] if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in x.items()}
     return x[rows]
@@ -114,11 +148,32 @@ def predict(
     generator: torch.Generator | None = None,
     output: OutputSelector = None,
 ) -> Tensor:
-    """Outputs of ``model(x)`` under ``samples`` posterior draws: [samples, ...], or [1, ...] for 0.
+    """Outputs of ``model(x)`` under ``samples`` posterior draws.
 
-    ``vectorize=True``: all samples in batched passes (see the module docstring), ``chunk`` samples at a
-    time (default: all); ``generator`` seeds those draws. ``x`` a Mapping: ``model(**x)``; ``output``
-    picks the tensor of a non-tensor output (default: ``.logits``)."""
+    Args:
+        model: the network the optimizer trains (its weights hold μ between steps).
+        opt: an ngvi optimizer or baseline with ``sampled_params()`` (or a framework's wrapper of one, see
+            :func:`ngvi.unwrap`); a :class:`~ngvi.PosteriorSampler` for a loaded posterior.
+        x: the inputs: a tensor, or a Mapping batch, which is called as ``model(**x)``.
+        samples: the number of posterior draws S; 0 runs the mean weights once.
+        linearized: the GLM / linearised predictive f(μ) + J(θ − μ) (BADAM's), one Jacobian-vector product
+            per draw, instead of the network at θ.
+        vectorize: all samples in batched ``torch.func.vmap`` passes instead of S Python-level ones (see the
+            module docstring).
+        chunk: with ``vectorize``, the draws per pass (default: all).
+        generator: seeds the draws of ``vectorize=True``.
+        output: picks the tensor of a non-tensor output: a key or attribute name, or a callable (default:
+            the tensor itself, or ``.logits``).
+
+    Returns:
+        The outputs stacked over draws: [samples, ...] ([1, ...] for ``samples=0``).
+
+    Raises:
+        ValueError: ``samples`` is not an int ≥ 0, ``chunk`` not a positive int, or ``vectorize`` and
+            ``linearized`` are both set.
+        TypeError: ``opt`` is not an ngvi optimizer and wraps none; ``linearized=True`` with an optimizer
+            without ``posterior()``; an output that is not a tensor and has no logits (pass ``output=``).
+    """
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
         raise ValueError(f"samples must be an int >= 0, got {samples!r}")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
@@ -214,6 +269,6 @@ def _linearized(model: nn.Module, opt: Any, x: Any, samples: int, output: Output
     outs = []
     for s in range(samples):
         delta = tuple(d[s] - mean[k] for d, k in zip(draws, keys, strict=True))
-        out, jv = jvp(f, tuple(mean[k] for k in keys), delta)
+        out, jv = jvp(f, tuple(mean[k] for k in keys), delta)  # type: ignore[misc]  # has_aux=False: 2
         outs.append(out + jv)
     return torch.stack(outs)

@@ -34,7 +34,9 @@ __all__ = ["CRITERIA", "SCOPES", "apply_masks", "prune_masks", "prune_scores", "
 
 Criterion = Literal["snr", "magnitude"]
 Scope = Literal["global", "per_tensor"]
+#: the values of ``criterion``: |μ|/σ (BADAM's signal-to-noise ratio) or |μ|
 CRITERIA: tuple[str, ...] = ("snr", "magnitude")
+#: the values of ``scope``: rank all weights together, or each parameter tensor on its own
 SCOPES: tuple[str, ...] = ("global", "per_tensor")
 
 
@@ -50,7 +52,18 @@ class Scored(Protocol):
 
 
 def prune_scores(posterior: Scored, criterion: Criterion = "snr") -> list[Tensor]:
-    """Per-weight scores of ``posterior`` (lowest are pruned first): ``"snr"`` |μ|/σ, ``"magnitude"`` |μ|."""
+    """Per-weight scores of ``posterior`` (lowest are pruned first): ``"snr"`` |μ|/σ, ``"magnitude"`` |μ|.
+
+    Args:
+        posterior: a Gaussian posterior (anything with ``mean`` and ``snr()``).
+        criterion: ``"snr"`` or ``"magnitude"``.
+
+    Returns:
+        One score tensor per parameter tensor.
+
+    Raises:
+        ValueError: an unknown ``criterion``.
+    """
     if criterion == "snr":
         return posterior.snr()
     if criterion == "magnitude":
@@ -122,7 +135,15 @@ def _pairs(params: Iterable[Tensor], masks: Sequence[Tensor]) -> list[tuple[Tens
 
 @torch.no_grad()
 def apply_masks(params: Iterable[Tensor], masks: Sequence[Tensor]) -> None:
-    """Zero, in place, the entries of each parameter where its mask is False (for good)."""
+    """Zero, in place, the entries of each parameter where its mask is False (for good).
+
+    Args:
+        params: the parameter tensors, in the order of the masks.
+        masks: one boolean keep-mask per parameter, of its shape (True = kept), as :func:`prune_masks` gives.
+
+    Raises:
+        ValueError: as many masks as parameters are needed, each of its parameter's shape and boolean.
+    """
     for p, m in _pairs(params, masks):
         p.masked_fill_(~m.to(p.device), 0.0)
 
@@ -132,6 +153,13 @@ def pruned(params: Iterable[Tensor], masks: Sequence[Tensor]) -> Iterator[None]:
     """Within the block the parameters are pruned by ``masks``; on exit (also on error) they are restored.
 
     Call it between optimizer steps: inside ``sampled_params()`` the parameters hold a sample, not μ.
+
+    Args:
+        params: the parameter tensors, in the order of the masks.
+        masks: one boolean keep-mask per parameter (True = kept).
+
+    Raises:
+        ValueError: as for :func:`apply_masks`.
     """
     pairs = _pairs(params, masks)
     with torch.no_grad():

@@ -43,9 +43,9 @@ from torch import Tensor, nn
 from . import metrics
 from ._version import __version__
 from .evaluation import classification_metrics, token_rows
-from .optim.protocol import unwrap
 from .posterior._format import is_rule_name
 from .predict import OutputSelector, batch_size_of, predict, take
+from .protocol import unwrap
 
 __all__ = ["UncertaintyReport", "coverage_curve", "pit", "uncertainty_report"]
 
@@ -65,14 +65,31 @@ class UncertaintyReport:
 
 
 def pit(samples: Tensor, y: Tensor, noise_std: float) -> Tensor:
-    """u = (1/S) Σₛ Φ((y − fₛ)/σ): the predictive mixture's CDF at each target value, flattened [N·D]."""
+    """u = (1/S) Σₛ Φ((y − fₛ)/σ): the predictive mixture's CDF at each target value, flattened [N·D].
+
+    Args:
+        samples: the outputs under S draws, [S, N, ...] (as :func:`ngvi.predict` gives).
+        y: the targets, [N, ...].
+        noise_std: σ, the Gaussian likelihood's noise s.d.
+
+    Returns:
+        The PIT values u, float64 [N·D]; calibrated predictions give uniform u.
+    """
     f = samples.reshape(samples.shape[0], y.shape[0], -1).double()
     z = (y.reshape(1, y.shape[0], -1).double() - f) / noise_std
     return torch.special.ndtr(z).mean(0).reshape(-1)
 
 
 def coverage_curve(u: Tensor, levels: Iterable[float] = LEVELS) -> Tensor:
-    """Observed coverage of the central p-intervals for each level p, from PIT values u."""
+    """Observed coverage of the central p-intervals for each level p, from PIT values u.
+
+    Args:
+        u: PIT values (:func:`pit`).
+        levels: the nominal levels p in (0, 1].
+
+    Returns:
+        float64 [len(levels)]: the fraction of u with |u − ½| ≤ p/2, for each p.
+    """
     return torch.tensor(
         [float(((u - 0.5).abs() <= p / 2).double().mean()) for p in levels], dtype=torch.float64
     )
@@ -166,12 +183,38 @@ def uncertainty_report(
 ) -> UncertaintyReport:
     """Write ``out/report.md`` and ``out/reliability.png`` (see the module docstring) and return the numbers.
 
-    ``task``: ``"classification"`` (logits [N, C] or token-level [N, T, V]) or ``"regression"`` (outputs
-    shaped like y, and ``noise_std``, the Gaussian likelihood's noise s.d., required). Refused before
-    anything is written, in one line naming the argument: data with no points, a batch whose y has
-    another number of rows than its inputs, NaN or inf inputs (``data`` or ``ood``) or targets, and
-    ``samples``, ``batch_size`` or ``n_bins`` that are not positive ints. A rule named by a loaded
-    posterior reaches the card only as a class name; anything else is escaped."""
+    Args:
+        model: the network.
+        opt: the trainer or posterior to sample: an ngvi optimizer or baseline, a wrapper of one, or a
+            :class:`~ngvi.PosteriorSampler` for a loaded posterior.
+        data: the held-out data: ``(x, y)``, a Mapping batch with ``labels``, or an iterable of either (a
+            DataLoader); per-token logits count the tokens whose label is not −100 or padding.
+        ood: out-of-distribution inputs (same forms, labels not needed): adds the OOD AUROC of the predictive
+            entropy (classification) or s.d. (regression).
+        out: the folder to write.
+        task: ``"classification"`` (logits [N, C] or token-level [N, T, V]) or ``"regression"`` (outputs
+            shaped like y).
+        samples: posterior draws per batch (1 for a point estimate).
+        noise_std: the Gaussian likelihood's noise s.d., required for regression.
+        n_bins: reliability bins (classification).
+        batch_size: points per forward pass when ``data`` is one batch.
+        vectorize: draw in batched ``torch.func.vmap`` passes (:func:`ngvi.predict`).
+        generator: seeds the draws of ``vectorize=True``.
+        output: picks the tensor of a non-tensor output (:func:`ngvi.predict`).
+        title: the report's heading.
+
+    Returns:
+        An :class:`UncertaintyReport`: the metrics, the paths of the two files and the reliability curve.
+
+    Raises:
+        ValueError: an unknown ``task``, regression without a positive ``noise_std``, ``samples`` not a
+            positive int, or data in none of the forms above; refused before anything is written, in one
+            line naming the argument: data with no points, a batch whose y has another number of rows than
+            its inputs, NaN or inf inputs (``data`` or ``ood``) or targets, and ``samples``, ``batch_size``
+            or ``n_bins`` that are not positive ints. A rule named by a loaded posterior reaches the card only
+            as a class name; anything else is escaped.
+        ModuleNotFoundError: matplotlib (the ``artefacts`` extra) is not installed.
+    """
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     if task == "regression" and not (isinstance(noise_std, int | float) and noise_std > 0):
@@ -192,6 +235,7 @@ def uncertainty_report(
     if task == "classification":
         numbers, curve, in_scores, ood_scores = _classification(batches, ood_batches, draws, n_bins)
     else:
+        assert noise_std is not None  # checked above
         numbers, curve, in_scores, ood_scores = _regression(batches, ood_batches, draws, float(noise_std))
     if ood_scores is not None:
         labels = torch.cat([torch.zeros(in_scores.numel()), torch.ones(ood_scores.numel())])
@@ -214,9 +258,11 @@ def _classification(batches, ood_batches, draws, n_bins):
         if p.dim() == 3:
             token_level = True
             rows, ys = token_rows(p, y, x)
-            probs.append(rows), labels.append(ys)
+            probs.append(rows)
+            labels.append(ys)
         elif p.dim() == 2:
-            probs.append(p), labels.append(y)
+            probs.append(p)
+            labels.append(y)
         else:
             raise ValueError(
                 f"a classifier's outputs must be [N, C] or [N, T, V] logits, got {list(p.shape)}"
@@ -295,7 +341,9 @@ def _code(text: Any) -> str:
 _MARKDOWN = frozenset("\\`*_{}[]()#+-.!|~<>")
 
 
-def _markdown(title, task, m, describe, noise_std, n_bins) -> str:
+def _markdown(
+    title: str, task: str, m: dict[str, Any], describe: str, noise_std: float | None, n_bins: int
+) -> str:
     unit = "tokens" if m.get("token_level") else "points"
     lines = [
         f"## {title}",

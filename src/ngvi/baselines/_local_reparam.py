@@ -68,7 +68,7 @@ class LocalReparameterisation:
                     leaf = self.leaves[p] = self.owner.state[p]["log_std"].detach().requires_grad_(True)
                 leaves.append(leaf)
             if leaves[0] is not None or leaves[1] is not None:
-                hook = functools.partial(self._output, *leaves)
+                hook = functools.partial(self._output, leaves[0], leaves[1])
                 handles.append(module.register_forward_hook(hook, with_kwargs=True))
         return handles
 
@@ -123,6 +123,7 @@ class LogStdGradient(CurvatureEstimator):
         for i, p in enumerate(sample.params):
             leaf = trick.leaves.get(p) if trick.active else None
             if leaf is None:
+                assert sample.noise is not None  # BBVI draws its weights: a sample always has noise
                 out.append(sample.grads[i] * sample.noise[i] * std[i])
             elif leaf.grad is None:
                 raise RuntimeError(trick.bypass_message(p))

@@ -71,7 +71,8 @@ class BBVI(VariationalOptimizer):
         mc_samples: posterior samples per ``step``; the gradients are averaged.
         local_reparam: sample the pre-activations of ``nn.Linear`` layers (local reparameterisation)
             instead of their weights while training.
-        seed, skip_nonfinite: as for every ngvi optimizer (:class:`~ngvi.VariationalOptimizer`).
+        **engine_kwargs: ``seed``, ``skip_nonfinite``: as for every ngvi optimizer
+            (:class:`~ngvi.VariationalOptimizer`).
 
     Use it as every ngvi optimizer: the closure zeroes the gradients, returns the mean NLL of the minibatch
     and calls ``backward()``; ``step`` calls it ``mc_samples`` times, each at a fresh posterior sample, and

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -384,7 +384,7 @@ def _reset_all(model: nn.Module) -> None:
             reset()
 
 
-def _check_resettable(model: nn.Module, params: list[Tensor]) -> None:
+def _check_resettable(model: nn.Module, params: Sequence[Tensor]) -> None:
     """Every trainable parameter must belong to a module with ``reset_parameters()``, or the members would
     share its init."""
     covered: set[int] = set()
@@ -403,7 +403,7 @@ def _check_resettable(model: nn.Module, params: list[Tensor]) -> None:
 
 @torch.no_grad()
 def _reinitialised(
-    model: nn.Module, params: list[Tensor], init: Callable[[nn.Module], Any], seed: int, count: int
+    model: nn.Module, params: Sequence[Tensor], init: Callable[[nn.Module], Any], seed: int, count: int
 ) -> list[list[Tensor]]:
     """``count`` sets of re-initialised weights of ``params``, each under its own seed drawn from ``seed``;
     the model's parameters (frozen ones too: the members share them), buffers and the global RNG are left as

@@ -133,6 +133,12 @@ def linear_regression_mean_field(
     posterior mean and the diagonal of the posterior *precision* (mean-field under-estimates the
     marginal variances (P⁻¹)ⱼⱼ ≥ 1/Pⱼⱼ). Arguments as in :func:`linear_regression_posterior`.
 
+    Args:
+        X: design matrix [N, D].
+        y: targets [N] (or [N, 1]).
+        noise_prec: τ, the precision of the Gaussian observation noise.
+        prior_prec: λ of the prior N(0, I/λ): a number, or a tensor [D].
+
     Returns:
         A :class:`~ngvi.DiagonalGaussian` with one tensor of shape [D].
     """
@@ -151,6 +157,14 @@ def linear_regression_elbo(
         - \mathrm{KL}(q\,\|\,\mathcal N(0, I/\lambda))
 
     This is the sum over the data set, not the per-example value (divide by N for that).
+
+    Args:
+        mean: μ [D].
+        variance: σ² [D].
+        X: design matrix [N, D].
+        y: targets [N] (or [N, 1]).
+        noise_prec: τ, the precision of the Gaussian observation noise.
+        prior_prec: λ of the prior N(0, I/λ): a number, or a tensor [D].
     """
     X, y = _design(X, y)
     tau = check.positive("noise_prec", noise_prec)
@@ -197,8 +211,11 @@ def _split_legendre() -> tuple[np.ndarray, np.ndarray]:
 def _rules(like: Tensor, quad_points: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     gh_nodes, gh_weights = _gauss_hermite(check.positive_int("quad_points", quad_points))
     gl_nodes, gl_weights = _split_legendre()
-    return tuple(torch.as_tensor(a, dtype=like.dtype, device=like.device)
-                 for a in (gh_nodes, gh_weights, gl_nodes, gl_weights))  # fmt: skip
+
+    def cast(a: np.ndarray) -> Tensor:
+        return torch.as_tensor(a, dtype=like.dtype, device=like.device)
+
+    return cast(gh_nodes), cast(gh_weights), cast(gl_nodes), cast(gl_weights)
 
 
 def _split_expectation(smooth: Tensor, remainder: Tensor, m: Tensor, v: Tensor, nodes: Tensor,
@@ -267,6 +284,17 @@ def logistic_regression_elbo(
     with ``quad_points`` nodes where vᵢ ≤ 1, and where vᵢ > 1 the closed form of E[min(a, 0)] plus
     Gauss–Legendre for the bounded remainder (see :func:`_expected_log_sigmoid`). Differentiable in
     ``mean`` and ``variance``.
+
+    Args:
+        mean: μ [D].
+        variance: σ² [D].
+        X: design matrix [N, D].
+        y: labels [N] in {0, 1} or {−1, +1}.
+        prior_prec: λ of the prior N(0, I/λ): a number, or a tensor [D].
+        quad_points: Gauss–Hermite nodes for the narrow expectations.
+
+    Raises:
+        ValueError: labels outside {0, 1} and {−1, +1}, or λ not positive.
     """
     X, y = _design(X, y)
     lam = _positive("prior_prec", prior_prec, X)
@@ -316,6 +344,14 @@ def logistic_regression_mean_field(
     ELBO; L-BFGS stops when the largest component of its gradient is below ``gtol`` or when the objective
     no longer decreases in float64, which typically leaves a gradient of order 1e-10 to 1e-9 per example.
     Warns (``RuntimeWarning``) if it stops with a per-example gradient above 1e-6.
+
+    Args:
+        X: design matrix [N, D].
+        y: labels [N] in {0, 1} or {−1, +1}.
+        prior_prec: λ of the prior N(0, I/λ): a number, or a tensor [D].
+        quad_points: Gauss–Hermite nodes, as :func:`logistic_regression_elbo`.
+        max_iter: the most L-BFGS iterations.
+        gtol: L-BFGS stops when the largest gradient component is below this.
 
     Returns:
         A :class:`~ngvi.DiagonalGaussian` with one tensor of shape [D], in X's dtype.

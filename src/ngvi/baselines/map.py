@@ -40,6 +40,8 @@ class MAP(torch.optim.Adam):
         data_size: N, the number of training examples (the closure returns a mean over a minibatch).
         lr, betas, eps: Adam's.
         prior_prec: λ of the prior N(0, I/λ); 0 gives plain Adam.
+        mc_samples: must be 1 (a point estimate: every sample is the same); accepted for the shared
+            vocabulary.
 
     Each group's ``weight_decay`` is derived from its ``prior_prec`` and ``data_size`` when the group is
     added and again at every step, so either may change mid-run (a data set that grows, as in a bandit);
@@ -155,7 +157,7 @@ class MAP(torch.optim.Adam):
             raise RuntimeError("a sample is already open: call end_sample() first")
         scope = self.sampled_params(train=train)
         scope.__enter__()
-        self._open_sample = scope
+        self._open_sample: contextlib.AbstractContextManager[None] | None = scope
 
     def end_sample(self, discard: bool = False) -> None:
         """Close the sample; ``discard`` drops its gradients (``zero_grad()``): no step from a failed pass."""
@@ -163,6 +165,7 @@ class MAP(torch.optim.Adam):
             name = type(self).__name__
             raise RuntimeError(f"{name}.end_sample(): no sample is open (begin_sample() first)")
         scope, self._open_sample = self._open_sample, None
+        assert scope is not None  # in_sample
         scope.__exit__(None, None, None)
         if discard:
             self.zero_grad()

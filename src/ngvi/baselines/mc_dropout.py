@@ -46,7 +46,19 @@ _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropou
 
 
 def mc_dropout_weight_decay(prior_prec: float, data_size: int, p: float) -> float:
-    """λ(1−p)/N: Adam's weight decay for the weights of a layer whose input is dropped with rate p."""
+    """λ(1−p)/N: Adam's weight decay for the weights of a layer whose input is dropped with rate p.
+
+    Args:
+        prior_prec: λ of the prior N(0, I/λ).
+        data_size: N.
+        p: the dropout rate of the layer's input, in [0, 1).
+
+    Returns:
+        The weight decay λ(1−p)/N.
+
+    Raises:
+        ValueError: λ < 0, N not a positive int, or p outside [0, 1).
+    """
     check.nonnegative("prior_prec", prior_prec)
     check.data_size(data_size)
     check.unit_interval("p", p)
@@ -117,7 +129,8 @@ class MCDropout(MAP):
         Returns the mean loss."""
         if closure is None or self.mc_samples == 1:
             return super().step(closure)
-        losses, sums = [], {}
+        losses: list[Any] = []
+        sums: dict[Tensor, Tensor] = {}  # the gradients added over masks, by parameter
         for _ in range(self.mc_samples):
             with torch.enable_grad():
                 result = closure()
@@ -183,8 +196,21 @@ def mc_dropout_mlp(
     """Gal's UCI network: ``Dropout(p) → Linear → activation`` per hidden layer, then ``Dropout(p) → Linear``.
 
     With the defaults this is the 1-hidden-layer, 50-unit ReLU net of Gal & Ghahramani (2016) and
-    Khan et al. (2018, App. J.1), dropout before every Linear layer as in Gal's code; ``input_dropout=False``
-    leaves the inputs undropped.
+    Khan et al. (2018, App. J.1), dropout before every Linear layer as in Gal's code.
+
+    Args:
+        in_features: the input dimension.
+        out_features: the output dimension.
+        hidden: the width of the hidden layer, or a sequence of widths.
+        p: the dropout rate.
+        activation: the activation module's class.
+        input_dropout: False leaves the inputs undropped.
+
+    Returns:
+        The network as an ``nn.Sequential``.
+
+    Raises:
+        ValueError: a width that is not a positive int, or p outside [0, 1).
     """
     check.positive_int("in_features", in_features)
     check.positive_int("out_features", out_features)

@@ -59,7 +59,8 @@ class NUTSPosterior:
 
     ``draws`` has shape [chains, samples, D] (D = number of parameters, in ``model.parameters()`` order).
     ``r_hat`` and ``ess`` are per weight (see the module note on identifiability); ``divergences`` (count of
-    divergent transitions after warm-up), ``step_size`` (the adapted one) and ``seconds`` are per chain."""
+    divergent transitions after warm-up), ``step_size`` (the adapted one) and ``seconds`` are per chain;
+    ``settings``: the sampler's settings, for the record."""
 
     model: nn.Module
     draws: Tensor
@@ -228,6 +229,7 @@ def nuts_posterior(
         init_scale: chains start at init_scale · (a prior draw).
         init_params: [chains, D] starting points instead (e.g. the last draws of an earlier run, to continue
             from them after the data changed by a point); warm-up still adapts the step size and mass.
+        full_mass: adapt a dense mass matrix in warm-up (pyro's ``full_mass=True``) instead of a diagonal one.
 
     Returns:
         A :class:`NUTSPosterior`.

@@ -50,7 +50,11 @@ CAPTURE_MODES = ("grads", "sampled")
 
 @dataclass(eq=False)
 class HookedLayer:
-    """A supported layer and its trainable parameters (weight first; a frozen one is None)."""
+    """A supported layer and its trainable parameters (weight first; a frozen one is None).
+
+    ``name``: the module's name in the model; ``module``: the layer; ``kind``: its kind (linear, conv2d,
+    layernorm, groupnorm: :mod:`ngvi.curvature.layers`); ``weight``, ``bias``: its trainable parameters.
+    """
 
     name: str
     module: nn.Module
@@ -101,7 +105,19 @@ def _inert_hook_factory():
 
 
 def find_layers(model: nn.Module) -> list[HookedLayer]:
-    """The supported layers with trainable parameters; ValueError naming every other parameterised module."""
+    """The supported layers with trainable parameters; ValueError naming every other parameterised module.
+
+    Args:
+        model: the network.
+
+    Returns:
+        A :class:`HookedLayer` for each supported layer with a trainable parameter, in ``named_modules``
+        order.
+
+    Raises:
+        TypeError: ``model`` is not an nn.Module.
+        ValueError: a trainable parameter sits in an unsupported module (all such modules named).
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected the model (an nn.Module), got {type(model).__name__}")
     layers, unsupported, owners, shared = [], [], {}, []

@@ -119,7 +119,16 @@ def inverse(f: Factorisation, ok: bool | None = None) -> Tensor:
 
 
 def damped_inverses(x: Tensor, c_root: Tensor, c_inverse: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, (X + c_inverse·I)⁻¹) for a batch x [G, d, d] of PSD matrices; c_* are [G] dampings > 0."""
+    """(B, (X + c_inverse·I)⁻¹) for a batch x [G, d, d] of PSD matrices; c_* are [G] dampings > 0.
+
+    B is the inverse transpose of the Cholesky factor of X + c_root·I, so BBᵀ = (X + c_root·I)⁻¹ (the
+    sampling root); where a factorisation fails, the clamped eigendecomposition is used instead.
+
+    Args:
+        x: PSD matrices [G, d, d].
+        c_root: the dampings [G] of the sampling root.
+        c_inverse: the dampings [G] of the inverse.
+    """
     return roots_and_inverse(factorise(x, c_root, c_inverse))
 
 

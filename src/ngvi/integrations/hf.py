@@ -36,6 +36,12 @@ only :class:`VariationalTrainer` checks. A prior learned under ``empirical_bayes
 its key is not compared, the checkpoint's learned value is resumed, and ``TrainingArguments.weight_decay``
 is checked against the δ IVON was built with rather than the learned one.
 
+**The posterior travels with the model.** :meth:`VariationalTrainer.save_model` (and so the Trainer's
+checkpoints) writes ``posterior.safetensors`` beside the weights, a full model's or a PEFT adapter's, with the
+metadata :func:`ngvi.load_posterior` checks (parameter names, shapes, the rule and its hyperparameters);
+:func:`load_with_posterior` loads a saved folder back as a model and a :class:`~ngvi.PosteriorSampler` for
+:func:`ngvi.predict` and :func:`ngvi.uncertainty_report`.
+
 **Errors.** :class:`VariationalTrainer` restores μ (and drops the sample, rolling its noise back) when
 anything in ``train()`` raises, so the trainer and the optimizer stay usable. A stock Trainer has no hook for
 that: :class:`NGVICallback` drops a sample left open by an error at the next ``on_train_begin``, and
@@ -45,24 +51,38 @@ that: :class:`NGVICallback` drops a sample left open by an error at the next ``o
 from __future__ import annotations
 
 import math
+import os
 import warnings
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import Trainer, TrainerCallback
 
+from ..artefacts import PosteriorSampler, posterior_of
 from ..baselines.map import MAP
 from ..optim.base import VariationalOptimizer
 from ..optim.engine import empirical_bayes
 from ..optim.ivon import IVON
-from ..optim.protocol import unwrap
 from ..posterior import GaussianPosterior
+from ..posterior.io import load_posterior
+from ..protocol import unwrap
 
-__all__ = ["NGVICallback", "VariationalTrainer", "next_token_labels", "prior_kwargs"]
+__all__ = [
+    "POSTERIOR_FILE",
+    "LoadedModel",
+    "NGVICallback",
+    "VariationalTrainer",
+    "load_with_posterior",
+    "next_token_labels",
+    "prior_kwargs",
+]
 
 IGNORE_INDEX = -100  # Hugging Face's label of positions that do not count
+#: the posterior's file name in a saved model's folder, beside the weights
+POSTERIOR_FILE = "posterior.safetensors"
 
 
 def sampling_optimizer(optimizer: Any) -> Any:
@@ -236,6 +256,43 @@ class VariationalTrainer(Trainer):
         """The optimizer's q over the trainable parameters (LoRA: the adapters')."""
         return self.ngvi_optimizer.posterior()
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's ``save_model`` (the weights, or a PEFT model's adapter), then the posterior beside
+        them (:meth:`save_posterior`). The Trainer's checkpoints go through here too.
+
+        Args:
+            output_dir: the folder (default ``args.output_dir``).
+            _internal_call: the Trainer's own flag, passed on.
+        """
+        super().save_model(output_dir, _internal_call)
+        self.save_posterior(output_dir)
+
+    def save_posterior(self, output_dir: str | os.PathLike[str] | None = None) -> Path | None:
+        """Write ``posterior.safetensors`` (:data:`POSTERIOR_FILE`) into ``output_dir``: the optimizer's q
+        over the trainable parameters, named as the model names them (``ngvi.posterior_of``).
+
+        Every process forms the posterior (a sharded one is gathered collectively); the process that saves
+        (``args.should_save``) writes it.
+
+        Args:
+            output_dir: the folder (default ``args.output_dir``).
+
+        Returns:
+            The file written, or None where there is nothing to write: no optimizer yet, or one without a
+            Gaussian posterior (MAP, MC dropout).
+        """
+        if self.optimizer is None:
+            return None
+        try:
+            post = posterior_of(self.model, self.ngvi_optimizer)
+        except NotImplementedError:  # a point estimate or MC dropout: no Gaussian to save
+            return None
+        if not self.args.should_save:
+            return None
+        folder = Path(self.args.output_dir if output_dir is None else output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        return post.save(folder / POSTERIOR_FILE)
+
     def create_optimizer(self, model: nn.Module | None = None):
         cls, kwargs = self.optimizer_cls_and_kwargs or (None, None)
         if self.optimizer is not None or not is_ngvi_trainer(cls):
@@ -376,3 +433,92 @@ def next_token_labels(input_ids: Tensor, attention_mask: Tensor | None = None) -
     if attention_mask is not None:
         labels[:, :-1][attention_mask[:, 1:] == 0] = IGNORE_INDEX
     return labels
+
+
+class LoadedModel(NamedTuple):
+    """What :func:`load_with_posterior` gives back.
+
+    ``model``: the network with the posterior mean μ in its weights (a ``PeftModel`` for an adapter), in
+    eval mode; ``posterior``: the loaded :class:`~ngvi.GaussianPosterior`; ``sampler``: a
+    :class:`~ngvi.PosteriorSampler` over both, the ``opt`` of :func:`ngvi.predict`,
+    :func:`ngvi.evaluate_classifier` and :func:`ngvi.uncertainty_report`.
+    """
+
+    model: nn.Module
+    posterior: GaussianPosterior
+    sampler: PosteriorSampler
+
+
+def load_with_posterior(
+    folder: str | os.PathLike[str], model: nn.Module | None = None, *, seed: int | None = None, **kwargs: Any
+) -> LoadedModel:
+    """Load a model saved by :meth:`VariationalTrainer.save_model` and its posterior, ready for prediction.
+
+    A folder with a PEFT adapter (``adapter_config.json``) is loaded onto ``model``, the base model it was
+    trained on (``peft.PeftModel.from_pretrained``, adapters trainable, the base frozen); a folder with a full
+    model is loaded by the class its ``config.json`` names (``config.architectures``), so ``model`` stays
+    None, and the weights the posterior leaves out are frozen, as in training. The file's names and shapes
+    are checked against the trainable parameters (an adapter on another base, with other layers or ranks,
+    is refused) and μ is put into the weights.
+
+        loaded = load_with_posterior("out", model=GPT2LMHeadModel.from_pretrained("base"), seed=0)
+        samples = ngvi.predict(loaded.model, loaded.sampler, {"input_ids": ids}, samples=16)
+
+    Args:
+        folder: the saved folder, holding ``posterior.safetensors`` beside the weights.
+        model: for an adapter, the base model (not a ``PeftModel``); None for a full model.
+        seed: seeds the sampler's draws (None: unseeded).
+        **kwargs: passed to ``from_pretrained`` (e.g. ``torch_dtype``).
+
+    Returns:
+        A :class:`LoadedModel`: ``(model, posterior, sampler)``.
+
+    Raises:
+        FileNotFoundError: ``folder`` has no ``posterior.safetensors``.
+        ValueError: an adapter without its base model, a full model's folder with ``model`` given, a
+            config that names no known architecture, or a posterior that does not match the model (its
+            first difference named; also every refusal of :func:`ngvi.load_posterior`).
+    """
+    import transformers
+
+    folder = Path(folder)
+    path = folder / POSTERIOR_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{folder} has no {POSTERIOR_FILE}: save the model with VariationalTrainer.save_model (or write "
+            f"one with ngvi.save_posterior(model, opt, {str(path)!r}))"
+        )
+    if (folder / "adapter_config.json").is_file():
+        import peft
+
+        if model is None or isinstance(model, peft.PeftModel):
+            raise ValueError(
+                f"{folder} holds a PEFT adapter: pass the base model it was trained on as model= (a plain "
+                "transformers model, e.g. from_pretrained of the base), not None or a PeftModel"
+            )
+        # trainable adapters, a frozen base: as in training, so the posterior must cover exactly the adapters
+        model = peft.PeftModel.from_pretrained(model, folder, is_trainable=True, **kwargs)
+    elif model is not None:
+        raise ValueError(
+            f"{folder} holds a full model, which is loaded from its own weights: leave model=None (model= is "
+            "the base model of a PEFT adapter)"
+        )
+    else:
+        config = transformers.AutoConfig.from_pretrained(folder)
+        names = list(getattr(config, "architectures", None) or [])
+        cls = getattr(transformers, names[0], None) if names else None
+        if cls is None:
+            raise ValueError(
+                f"{folder}/config.json names no model class this transformers has (architectures={names}): "
+                "load the model yourself, then ngvi.load_posterior and ngvi.PosteriorSampler"
+            )
+        model = cls.from_pretrained(folder, **kwargs)
+        # from_pretrained makes every weight trainable; those training froze are the ones the posterior
+        # leaves out (its names must all be the model's: checked below, with the shapes)
+        covered = set(load_posterior(path).names or [])
+        if covered <= {name for name, _ in model.named_parameters()}:
+            for name, p in model.named_parameters():
+                p.requires_grad_(name in covered)
+    posterior = load_posterior(path, model=model)  # names and shapes against the trainable parameters
+    model.eval()
+    return LoadedModel(model, posterior, PosteriorSampler(model, posterior, seed=seed))

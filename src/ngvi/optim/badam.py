@@ -37,7 +37,24 @@ class BAdam(VariationalOptimizer):
     """Bayesian Adam (Laplace posterior from Adam's second moment).
 
     ``prior_prec`` λ defaults to 1 (the prior N(0, I)), so σ ≤ 1 even for weights the data never moves;
-    ``prior_prec=0`` is BADAM as published (see the module docstring for the numbers)."""
+    ``prior_prec=0`` is BADAM as published (see the module docstring for the numbers).
+
+    Args:
+        params: parameters or groups.
+        data_size: N.
+        lr: α, Adam's step.
+        betas: Adam's (β₁, β₂).
+        prior_prec: λ.
+        eps: Adam's ε, also in the precision N(√v̂ + ε) + λ.
+        mc_samples: must be 1: BAdam takes its gradient at the mean (it is Adam); sampling is for prediction.
+        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
+            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
+            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+
+    Raises:
+        ValueError: a hyperparameter out of its range, or ``mc_samples`` other than 1 (use Vadam for sampled
+            gradients); the message names it.
+    """
 
     elementwise = True
     curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)

@@ -52,7 +52,16 @@ class PosteriorWarning(UserWarning):
 @dataclass(frozen=True)
 class Diagnostics:
     """A cheap summary of a trainer's posterior (see the module docstring). Fields that a trainer without a
-    Gaussian posterior (MAP, MC dropout) cannot fill are None."""
+    Gaussian posterior (MAP, MC dropout) cannot fill are None.
+
+    ``optimizer``: the trainer's class name; ``steps`` and ``skipped_steps``: the steps taken and those
+    skipped for a non-finite gradient; ``data_size``: N of each parameter group; ``precision_moved``: the
+    fraction of weights whose curvature state differs from its value at t = 0 (below 1%: frozen, a
+    :class:`PosteriorWarning`); ``sigma_quantiles`` and ``snr_quantiles``: σ and |μ|/σ at the quantiles
+    ``QUANTILES``; ``at_float_limit``: the fraction of weights whose precision is not finite, not positive,
+    or within a factor 2 of its dtype's largest number;
+    ``state_dtypes``: the dtypes of the curvature state; ``learned_prior_prec``: λ of each group where it
+    is learned in training (``empirical_bayes=``), else None."""
 
     optimizer: str
     steps: int

@@ -29,12 +29,26 @@ class IVON(VariationalOptimizer):
     """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ).
 
     Args:
-        params: parameters or groups.  data_size: N (IVON's effective sample size; ``ess=`` is the same,
-            the name of the authors' ivon-opt package).  lr: α.
-        betas: (β₁, β₂).  weight_decay: δ (default 1e-4); or ``prior_prec`` = λ = δN, the name every ngvi
-            optimizer accepts.  hess_init: h₀, in curvature units per example: 1 suits a unit-scale
-            likelihood; with a Gaussian likelihood of noise precision τ, τ (β₂ = 0.99999 moves h little in
-            10⁴ steps; docs/CHOOSING.md).  mc_samples: samples per step.  clip_radius: the update clip.
+        params: parameters or groups.
+        data_size: N (IVON's effective sample size; ``ess=`` is the same, the name of the authors' ivon-opt
+            package).
+        lr: α.
+        betas: (β₁, β₂).
+        weight_decay: δ (default 1e-4); or ``prior_prec`` = λ = δN, the name every ngvi optimizer accepts.
+        hess_init: h₀, in curvature units per example: 1 suits a unit-scale likelihood; with a Gaussian
+            likelihood of noise precision τ, τ (β₂ = 0.99999 moves h little in 10⁴ steps; docs/CHOOSING.md).
+        mc_samples: samples per step.
+        clip_radius: the update clip.
+        prior_prec: λ = δN (give ``weight_decay`` or this).
+        curvature: the estimator of ĥ: ``"price"`` (IVON's reparameterisation estimate; the only one).
+        ess: the same as ``data_size`` (ivon-opt's name; give one of the two).
+        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻²), a number, or None (off).
+        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
+            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
+            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+
+    Raises:
+        ValueError: a hyperparameter out of its range or of the wrong type; the message names it.
     """
 
     elementwise = True

@@ -60,8 +60,36 @@ _CHAIN_KEYS = ("K_S", "K_A", "e_S", "e_A", "Psi_S", "Psi_A")
 
 class NNGBlkTri(KroneckerFamily):
     """Noisy K-FAC with Martens & Grosse's block-tridiagonal inverse (NNG-BlkTri) on a chain of nn.Linear
-    layers. Arguments and defaults as for :class:`~ngvi.NoisyKFAC` (without ``sampling``: the layers are
-    drawn jointly)."""
+    layers.
+
+    Arguments and defaults as for :class:`~ngvi.NoisyKFAC`, without ``sampling`` (the layers are drawn
+    jointly) and ``chunk_bytes``.
+
+    Args:
+        model: the network: a chain of nn.Linear layers, each feeding the next.
+        data_size: N.
+        lr: α.
+        beta: β, the factor EMA step.
+        momentum: heavy-ball on the natural step.
+        prior_var: η of the prior N(0, ηI) (default 1).
+        kl_weight: λ (1 for the ELBO).
+        damping: γ_ex.
+        stats_every: T_stats.
+        inv_every: T_inv.
+        mc_samples: posterior samples per step.
+        curvature: ``"ef"`` or ``"fisher"``, as NoisyKFAC's.
+        init_prec: where q starts, as NoisyKFAC's.
+        kl_clip: the trust region κ on the natural step, as NoisyKFAC's.
+        likelihood: as NoisyKFAC's (``"fisher"`` only).
+        prior_prec: 1/η, the name every ngvi optimizer accepts (give ``prior_var`` or this).
+        noise_prec: τ of the ``"gaussian"`` likelihood.
+        loss_reduction: ``"mean"`` or ``"sum"``, as NoisyKFAC's.
+        **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
+
+    Raises:
+        ValueError: a hyperparameter out of its range, or a model that is not a chain of nn.Linear layers;
+            the message names it.
+    """
 
     #: its own update (the joint posterior's factorisations) is not reviewed for the device path's mask
     maskable_update = False

@@ -45,11 +45,20 @@ class NNGFull(KroneckerFamily):
     Args:
         model: the network (its trainable parameters in nn.Linear, nn.Conv2d, nn.LayerNorm or nn.GroupNorm
             layers, as for VOGN and NoisyKFAC).
-        data_size: N.  lr: α.  beta: β, the EMA step of F̄.  momentum: heavy-ball on the natural step.
-        prior_var: η (or ``prior_prec`` = 1/η).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
+        data_size: N.
+        lr: α.
+        beta: β, the EMA step of F̄.
+        momentum: heavy-ball on the natural step.
+        prior_var: η (or ``prior_prec`` = 1/η).
+        kl_weight: λ (1 for the ELBO).
+        damping: γ_ex.
         inv_every: recompute the two damped inverses every this many steps (NNG: every step).
         mc_samples: per step.
-        curvature: "ef" or "fisher" (with ``likelihood``, ``noise_prec``); loss_reduction as for VOGN.
+        curvature: ``"ef"`` or ``"fisher"`` (with ``likelihood``, ``noise_prec``).
+        likelihood: as for VOGN (``"fisher"`` only).
+        prior_prec: 1/η, the name every ngvi optimizer accepts (give ``prior_var`` or this).
+        noise_prec: τ of the ``"gaussian"`` likelihood.
+        loss_reduction: as for VOGN.
         init_prec: where q starts: ``"auto"`` (default): F̄₀ = I, one unit of curvature per example (as
             noisy K-FAC's A₀ = S₀ = I, and NNG's code, whose factors start at the identity); a number c:
             F̄₀ = (λ/N)(c − 1/η)·I, q₀ with precision c; both then follow the plain EMA. ``None``: F̄₀ = 0
@@ -58,6 +67,10 @@ class NNGFull(KroneckerFamily):
         kl_clip: the family's trust region κ on the natural step (:mod:`ngvi.optim.kronecker`).
         max_params: refuse models with more parameters than this (D² numbers per matrix).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
+
+    Raises:
+        ValueError: a hyperparameter out of its range, a trainable parameter outside the supported layers, or
+            more than ``max_params`` parameters; the message names it.
     """
 
     #: its own update (the joint posterior's factorisations) is not reviewed for the device path's mask

@@ -57,13 +57,30 @@ class NoisyAdam(VariationalOptimizer):
 
     Args:
         params: parameters or groups; the model (an nn.Module) for ``curvature="ef"`` or ``"fisher"``.
-        data_size: N.  lr: α.  betas: (β₁, β₂).
-        prior_var: η of the prior N(0, ηI) (default 1); or ``prior_prec`` = 1/η, the name every ngvi
-            optimizer accepts.  kl_weight: λ (1 for the ELBO).  damping: γ_ex.  mc_samples: samples per step.
+        data_size: N.
+        lr: α.
+        betas: (β₁, β₂).
+        prior_var: η of the prior N(0, ηI) (default 1).
+        kl_weight: λ (1 for the ELBO).
+        damping: γ_ex.
+        mc_samples: samples per step.
         init_prec: precision of q at t=0: ``"auto"`` (f₀ = 1), ``None`` (f₀ = 0, Alg. 1) or a number.
+        prior_prec: 1/η, the name every ngvi optimizer accepts (give ``prior_var`` or this).
         curvature: ``"grad2"`` (Alg. 1: the squared minibatch gradient), ``"ef"`` (per-example squared
             gradients) or ``"fisher"`` (the same with sampled targets); see the module docstring.
-        likelihood, noise_prec, loss_reduction, chunk_bytes: as VOGN's, for the per-example forms only.
+        likelihood: as VOGN's, for the per-example forms only.
+        noise_prec: as VOGN's, for the per-example forms only.
+        loss_reduction: as VOGN's, for the per-example forms only.
+        chunk_bytes: as VOGN's, for the per-example forms only.
+        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² with ``init_prec="auto"``, off with
+            a start of your own), a number, or None (off).
+        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
+            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
+            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+
+    Raises:
+        ValueError: a hyperparameter out of its range, or a trainable parameter outside the supported
+            layers; the message names it.
     """
 
     elementwise = True

@@ -70,22 +70,36 @@ class NoisyKFAC(KroneckerFamily):
     Args:
         model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
             nn.GroupNorm layers (for the normalisation layers each (wₖ, bₖ) pair gets its own 2×2 block).
-        data_size: N.  lr: α.  beta: β, the factor EMA step.  momentum: heavy-ball on the natural step.
-        prior_var: η of the prior N(0, ηI) (default 1).  kl_weight: λ (1 for the ELBO).  damping: γ_ex.
+        data_size: N.
+        lr: α.
+        beta: β, the factor EMA step.
+        momentum: heavy-ball on the natural step.
+        prior_var: η of the prior N(0, ηI) (default 1).
+        kl_weight: λ (1 for the ELBO).
+        damping: γ_ex.
+        stats_every: T_stats.
+        inv_every: T_inv.
+        mc_samples: posterior samples per step.
+        curvature: ``"ef"`` (the closure's own loss) or ``"fisher"`` (targets sampled from ``likelihood``).
         init_prec: where q starts: ``"auto"`` (A₀ = S₀ = I), ``None`` (the prior, with the warm start) or a
             precision (see the module docstring).
-        kl_clip: the trust region κ on the natural step (:mod:`ngvi.optim.kronecker`): ``"auto"`` (10⁻² unless
-            ``init_prec=None``), a number, or None (off).
+        kl_clip: the trust region κ on the natural step (:mod:`ngvi.optim.kronecker`): ``"auto"`` (10⁻²
+            unless ``init_prec=None``), a number, or None (off).
+        likelihood: as for :class:`~ngvi.optim.vogn.VOGN`.
         prior_prec: the prior's precision 1/η, the name every ngvi optimizer accepts (give one of the two).
-        stats_every: T_stats.  inv_every: T_inv.  mc_samples: posterior samples per step.
-        curvature: "ef" (the closure's own loss) or "fisher" (targets sampled from ``likelihood``).
-        sampling: "auto" (default), "local" or "weights" (Alg. 2's shared weight draw): how a training
-            sample draws the nn.Linear layers (see :mod:`ngvi.optim._kfac_local`).
-        likelihood, noise_prec, loss_reduction, chunk_bytes: as for :class:`~ngvi.optim.vogn.VOGN`.
+        noise_prec: as for :class:`~ngvi.optim.vogn.VOGN`.
+        loss_reduction: as for :class:`~ngvi.optim.vogn.VOGN`.
+        chunk_bytes: as for :class:`~ngvi.optim.vogn.VOGN`.
+        sampling: ``"auto"`` (default), ``"local"`` or ``"weights"`` (Alg. 2's shared weight draw): how a
+            training sample draws the nn.Linear layers (see :mod:`ngvi.optim._kfac_local`).
         **engine_kwargs: ``seed``, ``skip_nonfinite``.
 
     The defaults are the family's (:mod:`ngvi.optim.kronecker`); Alg. 2 as written is ``lr=1e-3, beta=0.01,
     momentum=0, init_prec=None, sampling="weights"`` (what the golden trajectories and the UCI table use).
+
+    Raises:
+        ValueError: a hyperparameter out of its range, or a trainable parameter outside the supported
+            layers; the message names it.
     """
 
     def __init__(

@@ -1,53 +1,26 @@
-"""What the predictive, the metrics and the experiments need of a trainer, as a typing Protocol."""
+"""Deprecated module path: ``PosteriorOptimizer`` and ``unwrap`` live in :mod:`ngvi.protocol` since 0.2.0.
+
+Reading either name from here still works in 0.2.0 and warns (``DeprecationWarning``); this module goes in
+0.3.0.
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+import warnings
+from typing import Any
 
-from torch import Tensor
-
-
-@runtime_checkable
-class PosteriorOptimizer(Protocol):
-    """A trainer with a posterior to sample: every ngvi optimizer and baseline (BBVI, MC dropout, MAP).
-
-    ``sampled_params(train=False)`` holds one posterior sample in the model's weights for a block
-    (``begin_sample``/``end_sample``: the same for callback-driven frameworks);
-    ``posterior()`` is a snapshot of q (point estimates and MC dropout raise ``NotImplementedError``);
-    ``backward(loss, output)`` is the backward pass of one sample, as the trainer needs it."""
-
-    def sampled_params(self, train: bool = False) -> contextlib.AbstractContextManager[None]: ...
-
-    def begin_sample(self, train: bool = False) -> None: ...
-
-    def end_sample(self, discard: bool = False) -> None: ...
-
-    @property
-    def in_sample(self) -> bool: ...
-
-    def posterior(self) -> Any: ...
-
-    def backward(self, loss: Tensor, output: Tensor | None = None) -> None: ...
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Any: ...
-
-    def zero_grad(self, set_to_none: bool = True) -> None: ...
+_MOVED = ("PosteriorOptimizer", "unwrap")
 
 
-def unwrap(opt: Any) -> Any:
-    """The ngvi optimizer (or baseline) inside framework wrappers: follows ``.optimizer`` (accelerate's
-    ``AcceleratedOptimizer``, which the Hugging Face Trainer puts in ``trainer.optimizer`` and which hides
-    ``sampled_params`` and ``posterior``) until an object with ``sampled_params`` is found. An ngvi optimizer
-    is returned as it is; anything else without one raises a TypeError."""
-    seen, inner = set(), opt
-    while not hasattr(inner, "sampled_params"):
-        if id(inner) in seen or not hasattr(inner, "optimizer"):
-            raise TypeError(
-                f"{type(opt).__name__} is not an ngvi optimizer and wraps none (no sampled_params() found "
-                "through .optimizer); pass an ngvi optimizer or baseline"
-            )
-        seen.add(id(inner))
-        inner = inner.optimizer
-    return inner
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(
+            f"ngvi.optim.protocol.{name} moved to ngvi.protocol.{name} (also ngvi.{name}); the old path goes "
+            "in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from .. import protocol
+
+        return getattr(protocol, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

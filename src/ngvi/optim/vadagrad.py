@@ -30,12 +30,22 @@ class VadaGrad(VariationalOptimizer):
     """Variational AdaGrad. Search-distribution precision 1/σ² = s.
 
     Args:
-        params: parameters or groups.  lr: α (the first steps are SGD steps of α/√init_prec).
-        beta: β, the weight of ĝ² in the running sum (not an EMA step: s only grows).  init_prec: s₀.
-        mc_samples: samples per step.  data_size, prior_prec: accepted for the shared vocabulary; VadaGrad
-        has no prior (``prior_prec`` must be 0) and does not scale by N.
+        params: parameters or groups.
+        lr: α (the first steps are SGD steps of α/√init_prec).
+        beta: β, the weight of ĝ² in the running sum (not an EMA step: s only grows).
+        init_prec: s₀.
+        mc_samples: samples per step.
+        data_size: accepted for the shared vocabulary; VadaGrad does not scale by N.
+        prior_prec: accepted for the shared vocabulary; VadaGrad has no prior, so it must be 0.
+        curvature: the estimator of ĥ (``"grad2"``: ĝ², the only one VadaGrad takes).
         kl_clip: the trust region κ (``"auto"``: 10⁻², a number, or None for none): the step is scaled so
             that ΣΔ²√(s/s₀) ≤ κ, so the first step is ‖Δμ‖ ≤ √κ = 0.1 whatever the loss's scale.
+        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
+            ``skip_nonfinite``, ``noise``, ...): see :class:`~ngvi.VariationalOptimizer`.
+
+    Raises:
+        ValueError: a hyperparameter out of its range (``prior_prec`` other than 0 included); the message
+            names it.
     """
 
     elementwise = True

@@ -93,12 +93,21 @@ class Vadam(VariationalOptimizer):
     Args:
         params: parameters or groups.
         data_size: N, the number of training examples (the closure returns a mean over a minibatch).
-        lr: α.  betas: (γ₁, γ₂).  prior_prec: λ of the prior N(0, I/λ).
+        lr: α.
+        betas: (γ₁, γ₂).
+        prior_prec: λ of the prior N(0, I/λ).
         init_prec: precision of q at t=0: ``"auto"`` (default) is N + λ (s₀ = 1, σ₀ ≈ 1/√N); ``None`` the
             prior's (s₀ = 0); a number sets s₀ = (init_prec − λ)/N.
         mc_samples: posterior samples per step.
         step_moment: ``"debiased"`` (default: Adam's bias-corrected second moment, so s₀ sets only σ) or
             ``"paper"`` (eq. 92 divides s₀ too); see the module docstring.
+        curvature: the estimator of ĥ: ``"grad2"`` (ĝ², the paper's; the only one Vadam takes).
+        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
+            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
+            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+
+    Raises:
+        ValueError: a hyperparameter out of its range or of the wrong type; the message names it.
     """
 
     elementwise = True

@@ -59,15 +59,29 @@ class VOGN(VON):
     Args:
         model: the network; its trainable parameters must sit in nn.Linear, nn.Conv2d, nn.LayerNorm or
             nn.GroupNorm layers (others get a ValueError naming them).
-        data_size: N.  lr: α.  beta: β ∈ (0, 1], the curvature step.  momentum: γ of the natural momentum.
-        prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
+        data_size: N.
+        lr: α.
+        beta: β ∈ (0, 1], the curvature step.
+        momentum: γ of the natural momentum.
+        prior_prec: λ.
+        init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
         mc_samples: samples per step.
-        curvature: "ef" (per-example gradients of the closure's loss) or "fisher" (sampled targets).
-        likelihood: "gaussian", "bernoulli", "categorical" or a :class:`ngvi.curvature.Likelihood`
-            ("fisher" only).  noise_prec: τ of the "gaussian" likelihood.
-        loss_reduction: "mean" (the closure returns (1/M)Σᵢfᵢ) or "sum" (Σᵢfᵢ; ĝ is then divided by M).
+        curvature: ``"ef"`` (per-example gradients of the closure's loss) or ``"fisher"`` (sampled targets).
+        likelihood: ``"gaussian"``, ``"bernoulli"``, ``"categorical"`` or a
+            :class:`ngvi.curvature.Likelihood` (``"fisher"`` only).
+        noise_prec: τ of the ``"gaussian"`` likelihood.
+        loss_reduction: ``"mean"`` (the closure returns (1/M)Σᵢfᵢ) or ``"sum"`` (Σᵢfᵢ; ĝ is then divided
+            by M).
         chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
-        **engine_kwargs: ``seed``, ``skip_nonfinite``, ... (:class:`~ngvi.VariationalOptimizer`).
+        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² with ``init_prec="auto"``, off with
+            a start of your own), a number, or None (off); as VON's.
+        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
+            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
+            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+
+    Raises:
+        ValueError: a hyperparameter out of its range, or a trainable parameter outside the supported
+            layers; the message names it.
     """
 
     elementwise = True  # the update acts weight by weight: flat buckets (ngvi.optim.engine.flat)

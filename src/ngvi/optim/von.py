@@ -50,14 +50,24 @@ class VON(VariationalOptimizer):
     """Variational online-Newton with a Price or Hutchinson diagonal Hessian. Precision = N(s + λ̃).
 
     Args:
-        params: parameters or groups.  data_size: N.  lr: α.  beta: β, the curvature step.
-        prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
+        params: parameters or groups.
+        data_size: N.
+        lr: α.
+        beta: β, the curvature step.
+        prior_prec: λ.
+        init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
         mc_samples: samples per step.
-        curvature: "price" (default) or "hutchinson" (:mod:`ngvi.curvature.estimators`).
+        curvature: ``"price"`` (default) or ``"hutchinson"`` (:mod:`ngvi.curvature.estimators`).
         momentum: γ of the natural momentum (eq. 18); 0 gives eqs. 7–8.
         kl_clip: the trust region κ on the natural step (:func:`ngvi.optim.functional.trust_region`):
-            ``"auto"`` (10⁻² unless ``init_prec=None``), a number, or None (off).
+            ``"auto"`` (10⁻² with ``init_prec="auto"``, off with a start of your own), a number, or None.
         hessian: the old name of ``curvature`` (deprecated).
+        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
+            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
+            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+
+    Raises:
+        ValueError: a hyperparameter out of its range or of the wrong type; the message names it.
     """
 
     elementwise = True

@@ -43,10 +43,20 @@ class Vprop(VariationalOptimizer):
     """Variational RMSprop. Posterior precision 1/σ² = N·s + λ.
 
     Args:
-        params: parameters or groups.  data_size: N.  lr: α.  beta: β, the curvature step.
-        prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
-        mc_samples: posterior samples per step.  step_moment: ``"debiased"`` (default) or ``"paper"``.
-        **engine_kwargs: as for every ngvi optimizer; ``noise`` defaults to ``"antithetic"`` here.
+        params: parameters or groups.
+        data_size: N.
+        lr: α.
+        beta: β, the curvature step.
+        prior_prec: λ.
+        init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
+        mc_samples: posterior samples per step.
+        step_moment: ``"debiased"`` (default) or ``"paper"``.
+        curvature: the estimator of ĥ: ``"grad2"`` (ĝ², the paper's; the only one Vprop takes).
+        **engine_kwargs: as for every ngvi optimizer (:class:`~ngvi.VariationalOptimizer`); ``noise``
+            defaults to ``"antithetic"`` here.
+
+    Raises:
+        ValueError: a hyperparameter out of its range or of the wrong type; the message names it.
     """
 
     elementwise = True

@@ -72,7 +72,9 @@ class GaussianPosterior:
         """Signal-to-noise ratio |μ|/σ per weight (BADAM's pruning criterion)."""
         return [m.abs() / s for m, s in zip(self.mean, self.std, strict=True)]
 
-    def prune_masks(self, fraction: float, criterion: str = "snr", scope: str = "global") -> list[Tensor]:
+    def prune_masks(
+        self, fraction: float, criterion: pruning.Criterion = "snr", scope: pruning.Scope = "global"
+    ) -> list[Tensor]:
         """Keep-masks that prune the ``fraction`` of weights with the lowest |μ|/σ (``criterion="snr"``)
         or |μ| (``"magnitude"``), over all weights or ``scope="per_tensor"``: see :mod:`ngvi.pruning`."""
         return pruning.prune_masks(pruning.prune_scores(self, criterion), fraction, scope)

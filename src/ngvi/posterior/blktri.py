@@ -106,6 +106,7 @@ class BlockTridiagonalGaussian(GaussianPosterior):
             var = c.row_basis.square() @ c.weights() @ c.col_basis.square().mT
             if i > 0:
                 prev = self.chain[i - 1]
+                assert prev.row_link is not None and prev.col_link is not None  # every block but the last
                 p = prev.row_link.mT @ prev.row_basis
                 q = prev.col_link.mT @ prev.col_basis
                 var = var + p.square() @ prev.weights() @ q.square().mT
@@ -158,11 +159,11 @@ class BlockTridiagonalGaussian(GaussianPosterior):
     def _mahalanobis(self, diff: list[Tensor]) -> Tensor:
         """(w − μ)ᵀΣ⁻¹(w − μ) for per-layer blocks [*, o, d] of w − μ."""
         y = xi_t_solve(self.chain, diff)
-        total = 0.0
+        total: Tensor | float = 0.0
         for c, (ks_inv, ka_inv), yi in zip(self.chain, self._inverse_bases, y, strict=True):
             z = ks_inv @ yi @ ka_inv.mT
             total = total + (z.square() / c.weights()).sum(dim=(-2, -1))
-        return total / self.scale
+        return torch.as_tensor(total / self.scale)
 
     def log_prob(self, sample: Sequence[Tensor]) -> Tensor:
         """log q(w): a scalar, or a vector of n values for a batch of n samples."""

@@ -71,7 +71,10 @@ class DiagonalGaussian(GaussianPosterior):
 
     def entropy(self) -> Tensor:
         """H[q] = ½ Σⱼ (1 + log 2π + log σⱼ²)."""
-        return sum((0.5 * (1.0 + LOG_2PI + v.double().log())).sum() for (v,) in self._random(self.variance))
+        total = torch.zeros((), dtype=torch.float64)
+        for (v,) in self._random(self.variance):
+            total = total + (0.5 * (1.0 + LOG_2PI + v.double().log())).sum()
+        return total
 
     def kl(self, other: GaussianPosterior) -> Tensor:
         r"""KL(self ‖ other) = ½ Σⱼ [σ₁²/σ₂² + (μ₂−μ₁)²/σ₂² − 1 + log σ₂² − log σ₁²]."""

@@ -34,12 +34,22 @@ DENSE_LIMIT = 8192
 
 
 def flatten(tensors: Sequence[Tensor], lead: tuple[int, ...] = ()) -> Tensor:
-    """Tensors (each with leading dims ``lead``) → one [*lead, k] tensor, in order, each row-major."""
+    """Tensors (each with leading dims ``lead``) → one [*lead, k] tensor, in order, each row-major.
+
+    Args:
+        tensors: the tensors, each shaped [*lead, ...].
+        lead: the leading dims they share, kept in front.
+    """
     return torch.cat([t.reshape(*lead, -1) for t in tensors], dim=-1)
 
 
 def unflatten(flat: Tensor, shapes: Sequence[torch.Size]) -> list[Tensor]:
-    """The inverse of :func:`flatten`: [*lead, k] → tensors of ``shapes`` with the leading dims."""
+    """The inverse of :func:`flatten`: [*lead, k] → tensors of ``shapes`` with the leading dims.
+
+    Args:
+        flat: a [*lead, k] tensor, k the total size of ``shapes``.
+        shapes: the shapes to cut it into, in order.
+    """
     lead = flat.shape[:-1]
     sizes = [math.prod(s) for s in shapes]
     return [p.reshape(*lead, *s) for p, s in zip(flat.split(sizes, dim=-1), shapes, strict=True)]
@@ -171,7 +181,14 @@ def dense_covariance(posterior: GaussianPosterior) -> Tensor:
 
 
 def as_full(posterior: GaussianPosterior) -> FullGaussian:
-    """The same distribution as a :class:`FullGaussian` (a dense copy of its covariance)."""
+    """The same distribution as a :class:`FullGaussian` (a dense copy of its covariance).
+
+    Args:
+        posterior: any ngvi posterior of at most :data:`DENSE_LIMIT` weights.
+
+    Raises:
+        ValueError: more weights than :data:`DENSE_LIMIT`.
+    """
     return FullGaussian(posterior.mean, dense_covariance(posterior))
 
 

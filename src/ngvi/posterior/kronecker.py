@@ -21,13 +21,27 @@ def join_block(tensors: Sequence[Tensor], groups: int, rows: int, lead: tuple[in
 
     Each tensor (optionally with leading dims ``lead``) is reshaped to [*lead, G, rows, −1] and the pieces are
     concatenated along the last dim: for a layer, the weight's columns and then the bias column. Shared by
-    :class:`KroneckerGaussian` and :class:`ngvi.NoisyKFAC`."""
+    :class:`KroneckerGaussian` and :class:`ngvi.NoisyKFAC`.
+
+    Args:
+        tensors: the parameter tensors of one block (weight, then bias), each with leading dims ``lead``.
+        groups: G, the independent groups (1 except for grouped convolutions).
+        rows: the block's rows r (a layer's output features per group).
+        lead: leading dims the tensors share (e.g. samples), kept in front.
+    """
     return torch.cat([t.reshape(*lead, groups, rows, -1) for t in tensors], dim=-1)
 
 
 def split_block(block: Tensor, shapes: Sequence[torch.Size], groups: int, rows: int) -> list[Tensor]:
     """The inverse of :func:`join_block`: a [*lead, G, rows, cols] block → tensors of ``shapes``, each with
-    the block's leading dims."""
+    the block's leading dims.
+
+    Args:
+        block: a [*lead, G, rows, cols] block.
+        shapes: the parameter shapes to cut it into, in :func:`join_block`'s order.
+        groups: G.
+        rows: the block's rows.
+    """
     lead = block.shape[:-3]
     sizes = [math.prod(shape) // (groups * rows) for shape in shapes]
     return [p.reshape(*lead, *shape) for p, shape in zip(block.split(sizes, dim=-1), shapes, strict=True)]

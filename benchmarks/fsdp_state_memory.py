@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, port: int, queue: mp.Queue) -> None:
                     fully_shard(layer)
             fully_shard(net)
             sized = {} if name == "VadaGrad" else {"data_size": 60_000}
-            opt = getattr(ngvi, name)(net.parameters(), noise="chunked", **sized, **OPTIONS.get(name, {}))
+            opt = getattr(ngvi, name)(net.parameters(), **sized, **OPTIONS.get(name, {}))  # chunked noise
 
             def closure(net=net, opt=opt) -> torch.Tensor:
                 opt.zero_grad()

@@ -70,7 +70,7 @@ def main() -> None:
         for check, compiled in [("host", False), ("device", False), *extra]:
             model = mlp(device)
             opt = getattr(ngvi, name)(
-                model.parameters(), data_size=1000, finite_check=check, compile=compiled
+                model.parameters(), data_size=1000, engine={"finite_check": check, "compile": compiled}
             )
             closure = closure_for(opt, model, x, y)
             for _ in range(3):
@@ -80,7 +80,7 @@ def main() -> None:
             print(f"{name:9s} {label:26s}: {syncs(opt, closure, 5):.1f} syncs/step", flush=True)
     for check in ("host", "device"):
         model = mlp(device)
-        opt = ngvi.VOGN(model, data_size=1000, finite_check=check)
+        opt = ngvi.VOGN(model, data_size=1000, engine={"finite_check": check})
         closure = closure_for(opt, model, x, y)
         for _ in range(3):
             opt.step(closure)
@@ -90,7 +90,8 @@ def main() -> None:
         means = []
         for flat in (True, False):
             model = mlp(device)
-            opt = getattr(ngvi, name)(model.parameters(), data_size=1000, noise="chunked", flat=flat)
+            engine = {"noise": "chunked", "flat": flat}
+            opt = getattr(ngvi, name)(model.parameters(), data_size=1000, engine=engine)
             for _ in range(5):
                 opt.step(closure_for(opt, model, x, y))
             means.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
@@ -100,7 +101,7 @@ def main() -> None:
             flush=True,
         )
     model = mlp(device)
-    opt = ngvi.IVON(model.parameters(), data_size=1000, finite_check="device")
+    opt = ngvi.IVON(model.parameters(), data_size=1000, engine={"finite_check": "device"})
     opt.step(closure_for(opt, model, x, y))
     before = [p.detach().clone() for p in model.parameters()]
     opt.step(closure_for(opt, model, x, y, poison=lambda: model[4].bias.grad.fill_(float("nan"))))
@@ -115,7 +116,7 @@ def main() -> None:
     for cls in (KFAC, ngvi.NoisyKFAC):
         for check in ("host", "device"):
             model = mlp(device)
-            opt = cls(model, data_size=1000, inv_every=5, finite_check=check)
+            opt = cls(model, data_size=1000, inv_every=5, engine={"finite_check": check})
             closure = closure_for(opt, model, x, y)
             opt.step(closure)  # step 1 inverts; steps 2–5 do not, step 6 does
             between = syncs(opt, closure, 4)

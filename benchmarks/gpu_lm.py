@@ -48,18 +48,22 @@ def methods(n: int, compiled: bool) -> dict:
             cls = getattr(ngvi, name)
             out[f"{name} ({check})"] = (
                 lambda m, cls=cls, check=check: cls(
-                    [p for p in m.parameters() if p.requires_grad], data_size=n, finite_check=check
+                    [p for p in m.parameters() if p.requires_grad],
+                    data_size=n,
+                    engine={"finite_check": check},
                 ),
                 "ngvi",
             )
         out[f"VOGN ({check})"] = (
-            lambda m, check=check: ngvi.VOGN(m, data_size=n, finite_check=check),
+            lambda m, check=check: ngvi.VOGN(m, data_size=n, engine={"finite_check": check}),
             "ngvi",
         )
     for name in ("IVON", "Vadam"):
         cls = getattr(ngvi, name)
         out[f"{name} (host, per-tensor)"] = (
-            lambda m, cls=cls: cls([p for p in m.parameters() if p.requires_grad], data_size=n, flat=False),
+            lambda m, cls=cls: cls(
+                [p for p in m.parameters() if p.requires_grad], data_size=n, engine={"flat": False}
+            ),
             "ngvi",
         )
         if compiled:
@@ -67,15 +71,17 @@ def methods(n: int, compiled: bool) -> dict:
                 lambda m, cls=cls: cls(
                     [p for p in m.parameters() if p.requires_grad],
                     data_size=n,
-                    finite_check="device",
-                    compile=True,
+                    engine={"finite_check": "device", "compile": True},
                 ),
                 "ngvi",
             )
     for check in ("host", "device"):
-        out[f"K-FAC ({check})"] = (lambda m, check=check: KFAC(m, data_size=n, finite_check=check), "ngvi")
+        out[f"K-FAC ({check})"] = (
+            lambda m, check=check: KFAC(m, data_size=n, engine={"finite_check": check}),
+            "ngvi",
+        )
         out[f"NoisyKFAC ({check})"] = (
-            lambda m, check=check: ngvi.NoisyKFAC(m, data_size=n, finite_check=check),
+            lambda m, check=check: ngvi.NoisyKFAC(m, data_size=n, engine={"finite_check": check}),
             "ngvi",
         )
     try:

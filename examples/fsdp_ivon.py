@@ -87,7 +87,7 @@ def main(steps: int = 200, batch: int = 32, width: int = 256, compare_adamw: boo
     y = torch.sin(3 * x) + 0.1 * torch.randn(x.shape, generator=gen)
     x, y = x.to(device), y.to(device)
     model = build(width, device)
-    opt = ngvi.IVON(model.parameters(), data_size=len(x), lr=0.02, hess_init=10.0, noise="chunked")
+    opt = ngvi.IVON(model.parameters(), data_size=len(x), lr=0.02, hess_init=10.0)  # chunked noise
     ms = train(model, opt, x, y, steps, batch, verbose=not compare_adamw)
     state = sum(v.numel() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
     whole = sum(p.numel() for p in model.parameters())

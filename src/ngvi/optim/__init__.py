@@ -20,6 +20,7 @@ from .diagnostics import PosteriorWarning as PosteriorWarning
 from .engine.empirical_bayes import EmpiricalBayes as EmpiricalBayes
 from .engine.optimizer import NonFiniteGradientError as NonFiniteGradientError
 from .engine.optimizer import VariationalOptimizer
+from .engine.options import EngineOptions as EngineOptions
 from .ivon import IVON
 from .nng_blktri import NNGBlkTri
 from .nng_full import NNGFull

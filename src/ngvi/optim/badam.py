@@ -47,9 +47,10 @@ class BAdam(VariationalOptimizer):
         prior_prec: λ.
         eps: Adam's ε, also in the precision N(√v̂ + ε) + λ.
         mc_samples: must be 1: BAdam takes its gradient at the mean (it is Adam); sampling is for prediction.
-        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
-            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
-            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+        **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
+            ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
+            ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
+            see :class:`~ngvi.VariationalOptimizer`.
 
     Raises:
         ValueError: a hyperparameter out of its range, or ``mc_samples`` other than 1 (use Vadam for sampled

@@ -43,9 +43,10 @@ class IVON(VariationalOptimizer):
         curvature: the estimator of ĥ: ``"price"`` (IVON's reparameterisation estimate; the only one).
         ess: the same as ``data_size`` (ivon-opt's name; give one of the two).
         kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻²), a number, or None (off).
-        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
-            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
-            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+        **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
+            ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
+            ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
+            see :class:`~ngvi.VariationalOptimizer`.
 
     Raises:
         ValueError: a hyperparameter out of its range or of the wrong type; the message names it.

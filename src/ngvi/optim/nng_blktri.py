@@ -84,7 +84,7 @@ class NNGBlkTri(KroneckerFamily):
         prior_prec: 1/η, the name every ngvi optimizer accepts (give ``prior_var`` or this).
         noise_prec: τ of the ``"gaussian"`` likelihood.
         loss_reduction: ``"mean"`` or ``"sum"``, as NoisyKFAC's.
-        **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
+        **engine_kwargs: ``seed``, ``skip_nonfinite``, ``engine`` (:class:`~ngvi.EngineOptions`), ...
 
     Raises:
         ValueError: a hyperparameter out of its range, or a model that is not a chain of nn.Linear layers;

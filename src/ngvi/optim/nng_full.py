@@ -66,7 +66,7 @@ class NNGFull(KroneckerFamily):
             The other defaults are the family's (:mod:`ngvi.optim.kronecker`).
         kl_clip: the family's trust region κ on the natural step (:mod:`ngvi.optim.kronecker`).
         max_params: refuse models with more parameters than this (D² numbers per matrix).
-        **engine_kwargs: ``seed``, ``skip_nonfinite``, ...
+        **engine_kwargs: ``seed``, ``skip_nonfinite``, ``engine`` (:class:`~ngvi.EngineOptions`), ...
 
     Raises:
         ValueError: a hyperparameter out of its range, a trainable parameter outside the supported layers, or

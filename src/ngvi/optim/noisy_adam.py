@@ -74,9 +74,10 @@ class NoisyAdam(VariationalOptimizer):
         chunk_bytes: as VOGN's, for the per-example forms only.
         kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² with ``init_prec="auto"``, off with
             a start of your own), a number, or None (off).
-        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
-            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
-            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+        **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
+            ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
+            ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
+            see :class:`~ngvi.VariationalOptimizer`.
 
     Raises:
         ValueError: a hyperparameter out of its range, or a trainable parameter outside the supported

@@ -40,8 +40,9 @@ class VadaGrad(VariationalOptimizer):
         curvature: the estimator of ĥ (``"grad2"``: ĝ², the only one VadaGrad takes).
         kl_clip: the trust region κ (``"auto"``: 10⁻², a number, or None for none): the step is scaled so
             that ΣΔ²√(s/s₀) ≤ κ, so the first step is ‖Δμ‖ ≤ √κ = 0.1 whatever the loss's scale.
-        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
-            ``skip_nonfinite``, ``noise``, ...): see :class:`~ngvi.VariationalOptimizer`.
+        **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
+            ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict):
+            see :class:`~ngvi.VariationalOptimizer`.
 
     Raises:
         ValueError: a hyperparameter out of its range (``prior_prec`` other than 0 included); the message

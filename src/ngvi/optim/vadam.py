@@ -102,9 +102,10 @@ class Vadam(VariationalOptimizer):
         step_moment: ``"debiased"`` (default: Adam's bias-corrected second moment, so s₀ sets only σ) or
             ``"paper"`` (eq. 92 divides s₀ too); see the module docstring.
         curvature: the estimator of ĥ: ``"grad2"`` (ĝ², the paper's; the only one Vadam takes).
-        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
-            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
-            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+        **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
+            ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
+            ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
+            see :class:`~ngvi.VariationalOptimizer`.
 
     Raises:
         ValueError: a hyperparameter out of its range or of the wrong type; the message names it.

@@ -62,9 +62,10 @@ class VON(VariationalOptimizer):
         kl_clip: the trust region κ on the natural step (:func:`ngvi.optim.functional.trust_region`):
             ``"auto"`` (10⁻² with ``init_prec="auto"``, off with a start of your own), a number, or None.
         hessian: the old name of ``curvature`` (deprecated).
-        **engine_kwargs: the engine's options, the same for every ngvi optimizer (``seed``,
-            ``skip_nonfinite``, ``noise``, ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``,
-            ``finite_check``, ``flat``, ``empirical_bayes``): see :class:`~ngvi.VariationalOptimizer`.
+        **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
+            ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
+            ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
+            see :class:`~ngvi.VariationalOptimizer`.
 
     Raises:
         ValueError: a hyperparameter out of its range or of the wrong type; the message names it.

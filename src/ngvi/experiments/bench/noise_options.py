@@ -123,7 +123,7 @@ def end_to_end(seeds: int = 8, steps: int = 300) -> dict[str, dict[str, float]]:
     def run(noise: str, seed: int, mc: int = 1, n_steps: int = steps):
         model, x, y = toy()
         hyper = dict(lr=0.05, betas=(0.9, 0.999), hess_init=10.0, weight_decay=1e-2)
-        opt = ngvi.IVON(model.parameters(), 64, mc_samples=mc, seed=seed, noise=noise, **hyper)
+        opt = ngvi.IVON(model.parameters(), 64, mc_samples=mc, seed=seed, engine={"noise": noise}, **hyper)
 
         def closure():
             opt.zero_grad()

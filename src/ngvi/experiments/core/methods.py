@@ -18,6 +18,8 @@ from typing import Any
 from torch import nn
 
 import ngvi
+from ngvi.optim import VariationalOptimizer
+from ngvi.optim.engine.options import NAMES as ENGINE_OPTIONS
 
 #: the rules whose trust region on the natural step (``kl_clip``, issue 32) came after the experiments'
 #: protocols were recorded: built here without it unless an experiment asks (the calibration study of the
@@ -60,6 +62,10 @@ class Method:
         if clash:
             raise ValueError(f"method {self.name!r} fixes {fixed}; drop {clash} or choose another method")
         params = model if self.takes_model else model.parameters()
+        if issubclass(cls, VariationalOptimizer):  # the engine's options go in engine= (EngineOptions)
+            engine = {k: options.pop(k) for k in [k for k in options if k in ENGINE_OPTIONS]}
+            if engine:
+                options["engine"] = {**options.get("engine", {}), **engine}
         if cls.__name__ in RECORDED_WITHOUT_REGION:
             options.setdefault("kl_clip", None)
         return cls(params, data_size=data_size, **{**options, **fixed})

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,8 @@ from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
 from .device_check import CHECKS, PendingChecks, agreed, masked, nonfinite_flags, use_device_check
 from .noise import NOISES, NoiseCheckpoint, NoiseSource
+from .options import EngineOptions
+from .options import resolve as resolve_options
 from .perturbation import draw, slices, sqrt_prec_and_sigma
 from .prior import initial_curvature
 from .region import GroupUpdate
@@ -66,21 +68,10 @@ class VariationalOptimizer(Optimizer):
         curvature: the estimator of ĥ (None for rules that need none).  plugins: more sample-scope plugins.
         seed: seed of the optimizer's own generators (``None``: drawn from torch's global RNG).
         skip_nonfinite: skip (and count) a non-finite step instead of raising NonFiniteGradientError.
-        noise: ``"normal"``, ``"antithetic"`` (pairs ε, −ε: half the noise cost, one buffer more) or
-            ``"chunked"`` (independent ε drawn in seeded chunks on several threads, :mod:`.chunked`); None
-            (default): the rule's own (:attr:`default_noise`), and ``"chunked"`` for FSDP2-sharded parameters,
-            whose ε must not depend on the number of ranks.
-        noise_dtype: dtype of ε (``torch.float32`` for float64 parameters draws ~4× faster on CPU).
-        rank_noise: ``"shared"`` or ``"independent"`` noise across ``torch.distributed`` ranks.
-        compile: run the rule's update core through ``torch.compile`` (agrees with eager to float tolerance).
-        fp32_state: float32 state and master μ for bfloat16/float16 parameters (:mod:`.mixed_precision`).
-        finite_check: where a non-finite step is decided: ``"host"`` (one value read back per step),
-            ``"device"`` (no read: the update is masked on the device and the error comes at the next step
-            or ``check_finite()``) or ``"auto"`` (default: ``"device"`` on an accelerator, ``"host"`` on
-            the CPU and for the K-FAC family); :mod:`.device_check` gives the semantics and the costs.
-        flat: ``None`` (default) or True: element-wise rules keep μ, θ, the state and the sums of each
-            parameter group in flat buffers, one kernel per pass (:mod:`.flat`); False: one tensor per
-            parameter (the reference path, as torch.optim's ``foreach=False``).
+        engine: how the engine runs the step: an :class:`~.options.EngineOptions` or a dict of its fields
+            (``noise``, ``noise_dtype``, ``rank_noise``, ``fp32_state``, ``finite_check``, ``flat``,
+            ``compile``). The same names as keywords are deprecated (a ``DeprecationWarning``; refused from
+            0.3.0).
         empirical_bayes: learn the prior precision during training (:mod:`.empirical_bayes`): ``None``
             (default: λ stays as given), ``True`` or ``"group"`` (one λ per parameter group), ``"layer"``
             (one per parameter tensor), or an :class:`~.empirical_bayes.EmpiricalBayes` for the schedule.
@@ -158,15 +149,13 @@ class VariationalOptimizer(Optimizer):
         plugins: tuple[Any, ...] = (),
         seed: int | None = None,
         skip_nonfinite: bool = False,
-        noise: str | None = None,
-        noise_dtype: torch.dtype | None = None,
-        rank_noise: str = "shared",
-        compile: bool = False,
-        fp32_state: bool = True,
-        finite_check: str = "auto",
-        flat: bool | None = None,
         empirical_bayes: Any = None,
+        engine: EngineOptions | Mapping[str, Any] | None = None,
+        **legacy: Any,
     ):
+        options = self.engine = resolve_options(type(self).__name__, engine, legacy)
+        noise, noise_dtype, rank_noise = options.noise, options.noise_dtype, options.rank_noise
+        flat, finite_check = options.flat, options.finite_check
         self.flat = None if flat is None else check.boolean("flat", flat)
         self.empirical_bayes = _eb.configure(self, empirical_bayes, defaults)
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
@@ -176,9 +165,9 @@ class VariationalOptimizer(Optimizer):
                 f"{type(self).__name__} reads values back in its step (its factorisations), so it cannot "
                 "decide non-finite steps on the device: use finite_check='host'"
             )
-        self.fp32_state = check.boolean("fp32_state", fp32_state)
+        self.fp32_state = check.boolean("fp32_state", options.fp32_state)
         self.skip_nonfinite = check.boolean("skip_nonfinite", skip_nonfinite)
-        self.compile = check.boolean("compile", compile)
+        self.compile = check.boolean("compile", options.compile)
         estimator = None if curvature is None else estimator_for(curvature, self.curvatures)
         self.curvature_estimator = estimator
         self.plugins = (*([estimator] if estimator is not None else []), *plugins)

@@ -226,6 +226,10 @@ def test_a_model_frozen_for_inference_loads(files):
     assert all(torch.equal(p, m) for p, m in zip(frozen.parameters(), post.mean, strict=True))
     x, _ = ENTRIES["vadam"].batch(3)
     assert ngvi.predict(frozen, sampler, x, 3).std(0).gt(0).all()  # draws reach the frozen weights
+    draws = ngvi.predict(frozen, sampler, x, 400, vectorize=True, generator=torch.Generator().manual_seed(0))
+    loop = ngvi.predict(frozen, sampler, x, 400)
+    assert draws.std(0).gt(0).all()  # the vectorised draws reach them too, with the loop's spread
+    torch.testing.assert_close(draws.std(0), loop.std(0), rtol=0.2, atol=0)
     # a trainable parameter the posterior does not cover is still refused
     deeper = nn.Sequential(*ENTRIES["vadam"].model(3, dtype=torch.float64), nn.Linear(1, 1).double())
     deeper[:3].requires_grad_(False)

@@ -93,6 +93,8 @@ class PosteriorSampler:
     """
 
     deterministic = False
+    #: its posterior covers the parameters it was given, frozen ones too (a model frozen for inference)
+    covers_frozen = True
 
     def __init__(self, model: nn.Module, posterior: GaussianPosterior, seed: int | None = None):
         if not isinstance(posterior, GaussianPosterior):

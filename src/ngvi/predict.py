@@ -199,8 +199,10 @@ def predict(
 
 def _param_keys(model: nn.Module, opt: Any) -> list[str]:
     """The model's names of the optimizer's trainable parameters, in the optimizer's (= the posterior's)
-    order; frozen ones are left out of the posterior and keep their values in ``functional_call``."""
-    opt_params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+    order; frozen ones are left out of the posterior and keep their values in ``functional_call`` (except
+    for a trainer whose posterior covers them: a :class:`~ngvi.PosteriorSampler` on a frozen model)."""
+    covers_frozen = getattr(opt, "covers_frozen", False)
+    opt_params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad or covers_frozen]
     names = {id(p): n for n, p in model.named_parameters()}
     missing = [i for i, p in enumerate(opt_params) if id(p) not in names]
     if missing:

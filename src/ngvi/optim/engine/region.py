@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..functional._capture import deferring_region
-from ..functional.blocks import RegionTerm, total_length, trust_region
+from ..functional.blocks import LengthSum, RegionTerm, trust_region
 
 
 class GroupUpdate:
@@ -43,7 +43,8 @@ class GroupUpdate:
     def run(self) -> None:
         counts = Counter(scope for scope, _, _ in self._calls)
         sharded = {scope for scope, shard, _ in self._calls if shard}
-        waiting: list[tuple[Hashable, Generator[RegionTerm, Tensor, None], RegionTerm]] = []
+        waiting: list[tuple[Hashable, Generator[RegionTerm, Tensor, None]]] = []
+        lengths: dict[Hashable, _ScopeLength] = {}
         try:
             for scope, _, call in self._calls:
                 with deferring_region(counts[scope] > 1 or scope in sharded):
@@ -51,47 +52,61 @@ class GroupUpdate:
                 if isinstance(steps, Generator):
                     term = next(steps, None)
                     if term is not None:
-                        waiting.append((scope, steps, term))
-            nus = _nus(waiting, reduce_ranks=bool(sharded))
-            for scope, steps, _ in waiting:
+                        lengths.setdefault(scope, _ScopeLength()).add(term)
+                        term.products = []  # summed: the piece's terms are freed before the next piece
+                        waiting.append((scope, steps))
+            nus = _nus(lengths, reduce_ranks=bool(sharded))
+            for scope, steps in waiting:
                 try:
                     steps.send(nus[scope])
                 except StopIteration:
                     continue
                 raise RuntimeError("a trust-region core yields once")
         finally:
-            for _, steps, _ in waiting:
+            for _, steps in waiting:
                 steps.close()
         for action in self._after:
             action()
 
 
-def _nus(waiting: list[tuple[Hashable, Any, RegionTerm]], *, reduce_ranks: bool) -> dict[Hashable, Tensor]:
-    """ν of each scope from its pieces' terms, in the order they ran (the group's order)."""
-    terms: dict[Hashable, list[RegionTerm]] = {}
-    for scope, _, term in waiting:
-        terms.setdefault(scope, []).append(term)
-    lengths = {scope: _scaled_length(ts) for scope, ts in terms.items()}
-    if reduce_ranks and lengths:  # Σ over the ranks' shards: one collective for every scope
-        stacked = torch.stack([m.to(torch.float64) for m, _ in lengths.values()])
+class _ScopeLength:
+    """m of one scope, summed as its pieces arrive (:class:`~ngvi.optim.functional.blocks.LengthSum`), with
+    its lr and κ. Pieces of another lr (groups split from one, then given their own) are summed apart and
+    weighted by α²."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[Any, LengthSum]] = []
+        self.kappas: set[float] = set()
+
+    def add(self, term: RegionTerm) -> None:
+        if not self.parts or float(self.parts[-1][0]) != float(term.lr):
+            self.parts.append((term.lr, LengthSum()))
+        self.parts[-1][1].add(term.products)
+        self.kappas.add(float(term.kappa))
+
+    def scaled(self) -> tuple[Tensor, Any]:
+        """(m, α) with ν = trust_region(m, lr=α): the one sum where the pieces share α (the bits one call on
+        the whole group gives), else Σ α²m with α = 1."""
+        if len(self.parts) == 1:
+            return self.parts[0][1].total(), self.parts[0][0]
+        return sum(part.total() * (lr * lr) for lr, part in self.parts), 1.0
+
+
+def _nus(lengths: dict[Hashable, _ScopeLength], *, reduce_ranks: bool) -> dict[Hashable, Tensor]:
+    """ν of each scope; under FSDP2 m is summed over the ranks first, in one all-reduce for every scope."""
+    scaled = {scope: length.scaled() for scope, length in lengths.items()}
+    if reduce_ranks and scaled:
+        stacked = torch.stack([m.to(torch.float64) for m, _ in scaled.values()])
         torch.distributed.all_reduce(stacked)
-        summed_over_ranks = zip(lengths.items(), stacked, strict=True)
-        lengths = {scope: (total.to(m.dtype), lr) for (scope, (m, lr)), total in summed_over_ranks}
+        summed_over_ranks = zip(scaled.items(), stacked, strict=True)
+        scaled = {scope: (total.to(m.dtype), lr) for (scope, (m, lr)), total in summed_over_ranks}
     nus = {}
-    for scope, (m, lr) in lengths.items():
-        kappas = {float(t.kappa) for t in terms[scope]}
+    for scope, (m, lr) in scaled.items():
+        kappas = lengths[scope].kappas
         if len(kappas) > 1:
             raise ValueError(
                 "the parameter groups that empirical_bayes='layer' made from one group share one trust "
                 f"region, but their kl_clip differ ({sorted(kappas)}): set one kl_clip for them"
             )
-        nus[scope] = trust_region(m, lr=lr, kappa=terms[scope][0].kappa)
+        nus[scope] = trust_region(m, lr=lr, kappa=next(iter(kappas)))
     return nus
-
-
-def _scaled_length(terms: list[RegionTerm]) -> tuple[Tensor, Any]:
-    """(m, α) with the scope's ν = trust_region(m, lr=α): one sum over all its terms where they share α (the
-    bits one call on the whole group gives), else Σ α²m per term with α = 1."""
-    if len({float(t.lr) for t in terms}) == 1:
-        return total_length([t.products for t in terms]), terms[0].lr
-    return sum(total_length([t.products]) * (t.lr * t.lr) for t in terms), 1.0

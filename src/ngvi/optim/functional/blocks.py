@@ -149,7 +149,8 @@ def scale_(tensors: Tensors, nu: Tensor) -> None:
 @dataclass
 class RegionTerm:
     """What a core with a trust region yields before it moves μ: the element-wise terms whose total is the
-    squared natural length m (``products``: uᵢ²/Pᵢ, or Δᵢuᵢ), with its lr and κ. It is sent back ν."""
+    squared natural length m (``products``: uᵢ²/Pᵢ, or Δᵢuᵢ), with its lr and κ. It is sent back ν. The
+    engine empties ``products`` once it has their sum, so a core holds them only through this object."""
 
     products: list[Tensor]
     lr: Num
@@ -188,27 +189,55 @@ def run_locally(steps: RegionCore) -> None:
 
 
 def total_length(parts: list[list[Tensor]]) -> Tensor:
-    """m = Σ of every element of ``parts`` (lists of tensors, in the group's order), summed as one flat
-    vector would be by :func:`summed` on the CPU: pieces that start at a multiple of :data:`SUM_BLOCK` and
-    span whole rows are reduced to their rows' sums where they are, the rest joined first. So a group cut
-    into aligned pieces (the flat buckets' CPU pieces) and the same group as one tensor, or as its parameters
-    one by one (then joined), give the same bits."""
-    tensors = [t.reshape(-1) for part in parts for t in part]
-    if not tensors:
-        return torch.zeros(())
-    if tensors[0].device.type != "cpu":
-        return sum(t.sum() for t in tensors)
-    if sum(t.numel() for t in tensors) <= SUM_BLOCK:
-        return _sum_by_rows(torch.cat(tensors) if len(tensors) > 1 else tensors[0])
-    rows, rest = [], []
-    for t in tensors:
-        if not rest and t.numel() % SUM_BLOCK == 0:
-            rows.append(t.view(-1, SUM_BLOCK).sum(1))  # whole rows at an aligned start: the first level
-        else:
-            rest.append(t)
-    if rest:
-        rows.append(_first_level(torch.cat(rest) if len(rest) > 1 else rest[0]))
-    return _sum_by_rows(torch.cat(rows) if len(rows) > 1 else rows[0])
+    """m = Σ of every element of ``parts`` (lists of tensors, in the group's order), as :class:`LengthSum`."""
+    total = LengthSum()
+    for part in parts:
+        total.add(part)
+    return total.total()
+
+
+class LengthSum:
+    """m = Σ of the elements of the tensors added, in order, with the bits :func:`summed` gives on their
+    concatenation as one flat vector on the CPU: whole rows of :data:`SUM_BLOCK` are reduced as they arrive
+    (so a piece's terms can be freed at once), the rest carried to the next piece. A group cut into pieces
+    (the flat buckets' CPU pieces, a parameter at a time) and the group as one tensor give the same bits."""
+
+    def __init__(self) -> None:
+        self.rows: list[Tensor] = []  # the first level of _sum_by_rows, or per-tensor sums off the CPU
+        self.carry: list[Tensor] = []  # elements not yet in a whole row
+        self.carried = 0
+        self.flushed = False
+
+    def add(self, tensors: Tensors) -> None:
+        for t in tensors:
+            t = t.reshape(-1)
+            if t.device.type != "cpu":
+                self.rows.append(t.sum().reshape(1))
+                continue
+            self.carry.append(t)
+            self.carried += t.numel()
+            if self.carried > SUM_BLOCK:
+                self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        joined = torch.cat(self.carry) if len(self.carry) > 1 else self.carry[0]
+        whole = joined.numel() - joined.numel() % SUM_BLOCK
+        if whole:
+            self.rows.append(joined[:whole].view(-1, SUM_BLOCK).sum(1))
+        rest = joined[whole:]
+        if final and rest.numel():
+            self.rows.append(rest.sum().reshape(1))
+        self.carry = [rest.clone()] if rest.numel() and not final else []  # a copy: the piece is freed
+        self.carried, self.flushed = rest.numel() if not final else 0, True
+
+    def total(self) -> Tensor:
+        if self.rows and not self.carry and not self.flushed:  # off the CPU: the per-tensor sums
+            return sum(self.rows[1:], self.rows[0]).reshape(())
+        if not self.flushed:  # at most one row's worth in all: one sum, as _sum_by_rows takes it
+            return torch.cat(self.carry).sum() if self.carry else torch.zeros(())
+        if self.carry:
+            self._flush(final=True)
+        return _sum_by_rows(torch.cat(self.rows) if len(self.rows) > 1 else self.rows[0])
 
 
 def _first_level(t: Tensor) -> Tensor:

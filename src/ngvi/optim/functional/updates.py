@@ -163,9 +163,11 @@ def ivon_update_(
     numer = _div(g_bar, bias1).add_(_mul(m, weight_decay))
     if kl_clip is None:
         step = numer.div_(precision)
-    else:  # m = Σ step·u = Σ u²/(h + δ), with the numerator u kept
+    else:  # m = Σ step·u = Σ u²/(h + δ), the terms in u's memory (freed once the engine has their sum)
         step = _div(numer, precision)
-        scale_(step, (yield RegionTerm(_mul(step, numer), lr, kl_clip)))
+        region = RegionTerm(numer.mul_(step), lr, kl_clip)
+        del numer, precision
+        scale_(step, (yield region))
     if clip_radius is not None:
         _clamp_(step, clip_radius)
     _add_scaled_(m, step, -lr)
@@ -203,8 +205,8 @@ def noisy_adam_update_(
     precision = _add(TensorList(fisher), gamma_in + damping)
     numer = TensorList(exp_avg)
     if kl_clip is not None:  # m = Σ m̂²/P with m̂ = m/(1−β₁ᵏ); ν divides the temporary P (exact where ν = 1)
-        terms = sq_terms(numer, precision).mul_([1 / (b * b) for b in bias1])
-        scale_(precision, 1 / (yield RegionTerm(terms, lr, kl_clip)))
+        region = RegionTerm(sq_terms(numer, precision).mul_([1 / (b * b) for b in bias1]), lr, kl_clip)
+        scale_(precision, 1 / (yield region))
     _addcdiv_(mu, numer, precision, [-lr / b for b in bias1])
 
 
@@ -258,8 +260,8 @@ def vadagrad_update_(
     _add_scaled_(s, TensorList(curvs), beta)
     root, step = s.sqrt(), TensorList(grads)
     if kl_clip is not None:  # m = Σ ĝ²/(√s·√s₀); ν divides the temporary √s (exact where ν = 1)
-        terms = sq_terms(step, root).mul_(1 / init_prec**0.5)
-        scale_(root, 1 / (yield RegionTerm(terms, lr, kl_clip)))
+        region = RegionTerm(sq_terms(step, root).mul_(1 / init_prec**0.5), lr, kl_clip)
+        scale_(root, 1 / (yield region))
     _addcdiv_(TensorList(means), step, root, -lr)
 
 

@@ -107,3 +107,22 @@ def fit_full_batch_regression(make, x, y, tau: float, steps: int, decay: float):
         opt.step(closure)
         sched.step()
     return opt.posterior()
+
+
+@pytest.fixture
+def injected_noise(monkeypatch):
+    """Every ε read in order from one fixed standard-normal sequence, whatever the tensor it fills."""
+    sequence = torch.randn(1 << 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    position = [0]
+
+    def fill(self, out, segments=None):
+        start, position[0] = position[0], position[0] + out.numel()
+        return out.copy_(sequence[start : position[0]].view(out.shape))
+
+    def restart():
+        position[0] = 0
+
+    from ngvi.optim.engine import noise as noise_module
+
+    monkeypatch.setattr(noise_module.NoiseSource, "_fill", fill)
+    return restart

@@ -218,14 +218,17 @@ def _mixed_precision() -> dict:
     return {"first": losses[0], "last": losses[-1], "dtypes": sorted(dtypes)}
 
 
-@pytest.fixture(scope="module")
-def sharded_runs(tmp_path_factory):
+def _spawn(worker, world: int, tmp: Path) -> dict:
     import torch.multiprocessing as mp
 
-    tmp = tmp_path_factory.mktemp("fsdp2")
     out = tmp / "out.json"
-    mp.spawn(_worker, args=(2, str(tmp / "store"), str(out)), nprocs=2, join=True)
+    mp.spawn(worker, args=(world, str(tmp / "store"), str(out)), nprocs=world, join=True)
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    return _spawn(_worker, 2, tmp_path_factory.mktemp("fsdp2"))
 
 
 @pytest.mark.parametrize("name", RULES)
@@ -245,12 +248,7 @@ def test_two_sharded_ranks_take_the_steps_of_one_process_with_the_whole_batch(na
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
-    import torch.multiprocessing as mp
-
-    tmp = tmp_path_factory.mktemp("fsdp2_4")
-    out = tmp / "out.json"
-    mp.spawn(_region_worker, args=(4, str(tmp / "store"), str(out)), nprocs=4, join=True)
-    return json.loads(out.read_text())
+    return _spawn(_region_worker, 4, tmp_path_factory.mktemp("fsdp2_4"))
 
 
 @pytest.mark.parametrize("world", [2, 4])

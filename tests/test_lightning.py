@@ -85,12 +85,8 @@ def plain_loop(make):
     return net, opt, lrs
 
 
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_lightning_with_a_cosine_schedule_is_the_plain_loop(name):
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=BATCH)
-    module = Module(OPTIMIZERS[name])
-    trainer = lightning.Trainer(
+def quiet_trainer(**options) -> lightning.Trainer:
+    return lightning.Trainer(
         max_steps=STEPS,
         accelerator="cpu",
         devices=1,
@@ -98,7 +94,16 @@ def test_lightning_with_a_cosine_schedule_is_the_plain_loop(name):
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        **options,
     )
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_lightning_with_a_cosine_schedule_is_the_plain_loop(name):
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=BATCH)
+    module = Module(OPTIMIZERS[name])
+    trainer = quiet_trainer()
     trainer.fit(module, loader)
     opt = trainer.optimizers[0]
     net, twin, lrs = plain_loop(OPTIMIZERS[name])
@@ -127,16 +132,7 @@ def test_the_last_steps_deferred_error_is_read_at_the_end_of_fit(callback):
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=BATCH)
     module = NaNAtTheEnd(lambda m: ngvi.IVON(m.parameters(), N, seed=0, finite_check="device"))
-    trainer = lightning.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[CheckFinite()] if callback else [],
-    )
+    trainer = quiet_trainer(callbacks=[CheckFinite()] if callback else [])
     if callback:
         with pytest.raises(ngvi.NonFiniteGradientError, match=f"step {STEPS} had a non-finite value"):
             trainer.fit(module, loader)

@@ -25,7 +25,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import ngvi
 from host_reads import OpCounter
 from ngvi.optim.engine import flat as flat_layout
-from ngvi.optim.engine import noise as noise_module
 from optimizer_db import BY_NAME, trainers
 
 DEFAULT_RULES = ("Vadam", "Vprop", "VON", "VadaGrad", "IVON", "NoisyAdam", "BAdam")
@@ -42,23 +41,6 @@ def _flat(info) -> bool:
 
 #: the entries that take the flat path (VON's Hutchinson estimator, for one, needs the graph per tensor)
 ELEMENTWISE = trainers(lambda info: info.engine and info.cls._elementwise and _flat(info))
-
-
-@pytest.fixture
-def injected_noise(monkeypatch):
-    """Every ε read in order from one fixed standard-normal sequence, whatever the tensor it fills."""
-    sequence = torch.randn(1 << 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    position = [0]
-
-    def fill(self, out, segments=None):
-        start, position[0] = position[0], position[0] + out.numel()
-        return out.copy_(sequence[start : position[0]].view(out.shape))
-
-    def restart():
-        position[0] = 0
-
-    monkeypatch.setattr(noise_module.NoiseSource, "_fill", fill)
-    return restart
 
 
 def trajectory(info, flat: bool, dtype=torch.float64, groups: bool = False, steps: int = 6, **options):

@@ -15,21 +15,6 @@ import torch
 from torch import nn
 
 import ngvi
-from ngvi.optim.engine import noise as noise_module
-
-
-@pytest.fixture
-def injected_noise(monkeypatch):
-    """Every ε read in order from one fixed sequence, so the flat and per-tensor paths draw the same ε."""
-    sequence = torch.randn(1 << 14, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    position = [0]
-
-    def fill(self, out, segments=None):
-        start, position[0] = position[0], position[0] + out.numel()
-        return out.copy_(sequence[start : position[0]].view(out.shape))
-
-    monkeypatch.setattr(noise_module.NoiseSource, "_fill", fill)
-    return lambda: position.__setitem__(0, 0)
 
 
 class Branchy(nn.Module):
@@ -80,19 +65,26 @@ def test_a_parameter_without_a_gradient_in_a_later_sample(name, form, injected_n
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("flat", [None, False])
-def test_a_kept_gradient_is_not_overwritten_by_later_steps(flat):
+def small_ivon(flat):
+    """An MLP, IVON on it, and a closure that feeds the data in the model's current dtype."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = ngvi.IVON(net.parameters(), 64, seed=0, flat=flat)
+    opt = ngvi.IVON(net.parameters(), 64, seed=0, engine={"flat": flat})
     x, y = torch.randn(16, 3), torch.randn(16, 1)
 
     def closure():
         opt.zero_grad()
-        loss = (net(x) - y).square().mean()
+        dtype = net[0].weight.dtype
+        loss = (net(x.to(dtype)) - y.to(dtype)).square().mean()
         loss.backward()
         return loss
 
+    return net, opt, closure
+
+
+@pytest.mark.parametrize("flat", [None, False])
+def test_a_kept_gradient_is_not_overwritten_by_later_steps(flat):
+    net, opt, closure = small_ivon(flat)
     kept = []
     for _ in range(3):
         opt.step(closure)
@@ -105,17 +97,7 @@ def test_a_kept_gradient_is_not_overwritten_by_later_steps(flat):
 @pytest.mark.parametrize("flat", [None, False])
 @pytest.mark.parametrize("change", ["double", "bfloat16"])
 def test_a_dtype_changed_after_a_step_is_named(flat, change):
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = ngvi.IVON(net.parameters(), 64, seed=0, flat=flat)
-    x, y = torch.randn(16, 3), torch.randn(16, 1)
-
-    def closure():
-        opt.zero_grad()
-        loss = (net(x.to(net[0].weight.dtype)) - y.to(net[0].weight.dtype)).square().mean()
-        loss.backward()
-        return loss
-
+    net, opt, closure = small_ivon(flat)
     opt.step(closure)
     getattr(net, change)()
     with pytest.raises(TypeError, match=r"is now torch\.\w+, but its optimizer state was made for torch"):

@@ -146,8 +146,8 @@ def _batches(
             bad = int((~torch.isfinite(y)).sum())
             raise ValueError(f"{where}: y holds {bad} NaN or inf values; remove those points")
         for start in range(0, n, batch_size):
-            rows = slice(start, start + batch_size)
-            out.append((take(x, rows), None if y is None else y[rows]))
+            part = slice(start, start + batch_size)
+            out.append((take(x, part), None if y is None else y[part]))
     if not out:
         raise ValueError(f"{name} holds no points (every batch is empty)")
     return out

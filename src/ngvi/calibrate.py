@@ -389,9 +389,7 @@ def _feasible_grid(opt: Any, key: PriorKey, grid: Sequence[float]) -> list[float
     return kept if cap == math.inf or cap in kept else [*kept, float(cap)]
 
 
-def _check_labels(
-    model: nn.Module, batches: list[tuple[Any, Tensor | None]], output: OutputSelector
-) -> None:
+def _check_labels(model: nn.Module, batches: list[tuple[Any, Tensor | None]], output: OutputSelector) -> None:
     """Classification labels must be class indices in [0, C) (−100 also, for token-level [N, T] labels:
     not counted), C read off one forward pass of the first batch at the mean weights."""
     with torch.no_grad(), _eval_mode(model):

@@ -62,7 +62,10 @@ def train(
 ) -> tuple[ngvi.DiagonalGaussian, int]:
     data_size = None if name == "VadaGrad" else 64
     sized = {} if data_size is None else {"data_size": data_size}
-    opt = getattr(ngvi, name)(net.parameters(), **sized, seed=3, noise="chunked", **RULES[name], **options)
+    params = list(net.parameters())
+    if options.pop("split_last", False):  # the last layer a group of its own: its 1 row leaves ranks empty
+        params = [{"params": params[:-2]}, {"params": params[-2:]}]
+    opt = getattr(ngvi, name)(params, **sized, seed=3, noise="chunked", **RULES[name], **options)
     x, y = batch()
     x, y = x[rows], y[rows]
 
@@ -93,13 +96,14 @@ def _sharded(world: int) -> nn.Module:
 
 
 def _binding(rank: int, world: int) -> dict:
-    per = 16 // world
-    return {
-        name: train(name, _sharded(world), slice(per * rank, per * (rank + 1)), REGION_SCALE, REGION_STEPS)[
-            0
-        ].mean
-        for name in REGION_RULES
+    rows = slice(16 // world * rank, 16 // world * (rank + 1))
+    out = {
+        name: train(name, _sharded(world), rows, REGION_SCALE, REGION_STEPS)[0].mean for name in REGION_RULES
     }
+    out["IVON, split"] = train("IVON", _sharded(world), rows, REGION_SCALE, REGION_STEPS, split_last=True)[
+        0
+    ].mean
+    return out
 
 
 def _region_worker(rank: int, world: int, store: str, out: str) -> None:
@@ -252,11 +256,15 @@ def four_ranks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("name", REGION_RULES)
+@pytest.mark.parametrize("name", [*REGION_RULES, "IVON, split"])
 def test_where_the_region_binds_ranks_take_one_process_step(name, world, sharded_runs, four_ranks):
-    """Before, each rank took ν from its own shards: the step then depended on the world size."""
-    whole = train(name, model(), slice(0, 16), REGION_SCALE, REGION_STEPS)[0].mean
-    free = train(name, model(), slice(0, 16), REGION_SCALE, REGION_STEPS, kl_clip=None)[0].mean
+    """Before, each rank took ν from its own shards: the step then depended on the world size. "IVON, split"
+    puts the last layer (one row) in a group of its own, whose shard is empty on ranks 1-3 of 4."""
+    rule, split = name.split(", ")[0], name.endswith("split")
+    whole = train(rule, model(), slice(0, 16), REGION_SCALE, REGION_STEPS, split_last=split)[0].mean
+    free = train(rule, model(), slice(0, 16), REGION_SCALE, REGION_STEPS, kl_clip=None, split_last=split)[
+        0
+    ].mean
     start = [p.detach() for p in model().parameters()]
     got = (sharded_runs["binding"] if world == 2 else four_ranks)[name]
     move = max((w - p).abs().max() for w, p in zip(whole, start, strict=True))

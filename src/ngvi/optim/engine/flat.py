@@ -301,6 +301,8 @@ def chunks(b: Bucket, compiled: bool = False) -> list[tuple[int, int]]:
     # cut at whole rows of the trust region's sum, so the pieces' sums are the whole bucket's bits
     row = blocks.SUM_BLOCK if total >= count * blocks.SUM_BLOCK else 1
     bounds = sorted({total * i // count // row * row for i in range(count)} | {total})
+    if len(bounds) == 1:  # an empty bucket (a rank's empty shard) still runs its one, empty, piece
+        bounds = [0, 0]
     return [(start, end - start) for start, end in itertools.pairwise(bounds)]
 
 

@@ -55,7 +55,7 @@ class GroupUpdate:
                         lengths.setdefault(scope, _ScopeLength()).add(term)
                         term.products = []  # summed: the piece's terms are freed before the next piece
                         waiting.append((scope, steps))
-            nus = _nus(lengths, reduce_ranks=bool(sharded))
+            nus = _nus(lengths, sharded)
             for scope, steps in waiting:
                 try:
                     steps.send(nus[scope])
@@ -92,14 +92,18 @@ class _ScopeLength:
         return sum(part.total() * (lr * lr) for lr, part in self.parts), 1.0
 
 
-def _nus(lengths: dict[Hashable, _ScopeLength], *, reduce_ranks: bool) -> dict[Hashable, Tensor]:
-    """ν of each scope; under FSDP2 m is summed over the ranks first, in one all-reduce for every scope."""
+def _nus(lengths: dict[Hashable, _ScopeLength], sharded: set[Hashable]) -> dict[Hashable, Tensor]:
+    """ν of each scope; the m of a scope of FSDP2 shards is summed over the ranks first, in one all-reduce
+    for all of them (every rank has the same sharded scopes, in the same order: a rank whose shard of a
+    group is empty still runs its empty piece)."""
     scaled = {scope: length.scaled() for scope, length in lengths.items()}
-    if reduce_ranks and scaled:
-        stacked = torch.stack([m.to(torch.float64) for m, _ in scaled.values()])
+    over_ranks = [scope for scope in scaled if scope in sharded]
+    if over_ranks:
+        stacked = torch.stack([scaled[scope][0].to(torch.float64) for scope in over_ranks])
         torch.distributed.all_reduce(stacked)
-        summed_over_ranks = zip(scaled.items(), stacked, strict=True)
-        scaled = {scope: (total.to(m.dtype), lr) for (scope, (m, lr)), total in summed_over_ranks}
+        for scope, total in zip(over_ranks, stacked, strict=True):
+            m, lr = scaled[scope]
+            scaled[scope] = (total.to(m.dtype), lr)
     nus = {}
     for scope, (m, lr) in scaled.items():
         kappas = lengths[scope].kappas

@@ -56,7 +56,7 @@ def test_nng_information_gain_is_the_kl_after_noisy_kfacs_own_step_at_the_mean()
     before = opt.posterior()
     state = {k: v.clone() for k, v in model.model.state_dict().items()}
     opt_state = opt.state_dict()
-    opt.perturbs_in_step = False  # the step at the mean, as the information gain takes it
+    opt._perturbs_in_step = False  # the step at the mean, as the information gain takes it
     for k in range(3):
         model.model.load_state_dict(state)
         opt.load_state_dict(opt_state)

@@ -18,7 +18,7 @@ from ngvi.optim.engine.device_check import FEW, masked, nonfinite_flags, use_dev
 from ngvi.optim.kronecker import KroneckerFamily
 from optimizer_db import TRAINERS, assert_same, params_of, trainers
 
-MASKABLE = [info for info in TRAINERS if info.engine and info.cls.maskable_update]
+MASKABLE = [info for info in TRAINERS if info.engine and info.cls._maskable_update]
 
 
 def device_path(info, model, **overrides):
@@ -307,7 +307,7 @@ def test_auto_masks_on_an_accelerator_except_the_kfac_family():
     assert use_device_check(ngvi.IVON([on_gpu], data_size=10))
     assert not use_device_check(ngvi.IVON([on_gpu], data_size=10, finite_check="host"))
     assert not use_device_check(ngvi.IVON([torch.nn.Parameter(torch.zeros(3))], data_size=10))
-    assert not KroneckerFamily.device_check_by_default and ngvi.NNGFull.maskable_update is False
+    assert not KroneckerFamily._device_check_by_default and ngvi.NNGFull._maskable_update is False
 
 
 def test_an_update_that_raises_part_way_leaves_everything_as_it_was():

@@ -142,7 +142,7 @@ def test_per_layer_and_per_group():
 
 
 def _has_prior(info) -> bool:
-    return info.engine and info.cls is not ngvi.VadaGrad and getattr(info.cls, "has_posterior", True)
+    return info.engine and info.cls is not ngvi.VadaGrad and getattr(info.cls, "_has_posterior", True)
 
 
 @pytest.mark.filterwarnings(HUTCHINSON)

@@ -106,7 +106,7 @@ def test_global_seed_makes_runs_reproducible(info):
         losses = [opt.step(info.closure(opt, model, x, y)) for _ in range(3)]
         runs.append((losses, params_of(model)))
     assert_same(runs[0], runs[1])
-    if (info.engine and info.cls.perturbs_in_step) or info.global_rng:
+    if (info.engine and info.cls._perturbs_in_step) or info.global_rng:
         assert not torch.equal(runs[0][1][0], runs[2][1][0])
 
 

@@ -20,7 +20,7 @@ def wide_mlp(seed: int = 0) -> nn.Module:
 def plain(opt):
     """The same optimizer, forced onto the plain paths: generic _perturb (or the rule's own, VOGN's), the
     whole-group _update."""
-    draw = ngvi.VariationalOptimizer._perturb if type(opt).diagonal_perturb else type(opt)._perturb
+    draw = ngvi.VariationalOptimizer._perturb if type(opt)._diagonal_perturb else type(opt)._perturb
 
     class Plain(type(opt)):
         elementwise = False

@@ -49,7 +49,7 @@ def fit(make, dtype: torch.dtype, autocast: bool = False, seed: int = 0):
     x = x.to(dtype)
     opt = make(model, seed)
     start = torch.cat([v.double().flatten() for v in opt.posterior().variance])
-    key = getattr(opt, "curvature_state", None)
+    key = getattr(opt, "_curvature_state", None)
     s0 = {p: opt.state[p][key].double().clone() for p in model.parameters()} if key else {}
     order = torch.Generator().manual_seed(100 + seed)
     for idx in torch.randperm(N, generator=order).split(BATCH) * (STEPS * BATCH // N):  # 96 steps

@@ -59,9 +59,9 @@ class KFAC(KroneckerFamily):
         **engine_kwargs: ``seed`` (for sampled targets), ``skip_nonfinite``.
     """
 
-    has_posterior = False  # a point estimate: its prior's precision cannot be learned from a posterior
+    _has_posterior = False  # a point estimate: its prior's precision cannot be learned from a posterior
 
-    perturbs_in_step = False  # the gradient at the weights
+    _perturbs_in_step = False  # the gradient at the weights
 
     def __init__(
         self,

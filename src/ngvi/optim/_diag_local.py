@@ -133,6 +133,6 @@ def sample_preactivations(opt: Any, model: nn.Module) -> Any:
     ]
     plugin = DiagonalPreactivations(opt, layers)
     opt.plugins = (*opt.plugins, plugin)
-    opt.diagonal_perturb = False  # the engine's generic draw, which leaves these layers' weights at μ
-    opt.local_params = frozenset(plugin.params)
+    opt._diagonal_perturb = False  # the engine's generic draw, which leaves these layers' weights at μ
+    opt._local_params = frozenset(plugin.params)
     return opt

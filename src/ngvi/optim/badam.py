@@ -58,9 +58,9 @@ class BAdam(VariationalOptimizer):
     """
 
     elementwise = True
-    curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
+    _curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
 
-    perturbs_in_step = False
+    _perturbs_in_step = False
 
     def __init__(
         self,

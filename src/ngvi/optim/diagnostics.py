@@ -7,7 +7,7 @@ bfloat16 state, or the curvature step is 0. Precisions can also overflow (a floa
 state:
 
 * ``precision_moved``: the fraction of weights whose curvature state differs from its value at t = 0 (the
-  state entry a rule names in its class attribute ``curvature_state``, e.g. Vadam's second moment, IVON's h;
+  state entry a rule names in its class attribute ``_curvature_state``, e.g. Vadam's second moment, IVON's h;
   for rules that name none, the posterior precision itself: NoisyKFAC's marginal precisions, BBVI's);
 * quantiles of σ = 1/√precision and of the signal-to-noise ratio |μ|/σ (on at most 2²⁰ weights, evenly
   strided, so a large model costs one pass and no copy of all weights); point estimates (batch norm under
@@ -160,9 +160,9 @@ def _moved(
     opt: Any, group: dict[str, Any], params: list[Tensor], states: list[dict], precisions: list[Tensor]
 ) -> list[Tensor]:
     """Per weight: has its curvature state left the value it had at t = 0? Element-wise rules declare the
-    state (``curvature_state``) and start it at a constant, which is read off a one-element copy; for the
+    state (``_curvature_state``) and start it at a constant, which is read off a one-element copy; for the
     others (NoisyKFAC's factors) the precision is compared with that of a fresh state of the group."""
-    key = getattr(opt, "curvature_state", None)
+    key = getattr(opt, "_curvature_state", None)
     if key is not None and opt._elementwise:
         return [st[key] != _initial_value(opt, group, p, key) for p, st in zip(params, states, strict=True)]
     fresh = []

@@ -53,7 +53,7 @@ class IVON(VariationalOptimizer):
     """
 
     elementwise = True
-    curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
+    _curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("price",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(

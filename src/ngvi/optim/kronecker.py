@@ -72,16 +72,16 @@ class KroneckerFamily(VariationalOptimizer):
     """The shared part of the K-FAC family (module docstring). A member builds its curvature estimator and
     calls ``super().__init__(estimator, hyperparameters, mc_samples=..., sampling=...)``."""
 
-    additive_prior = False  # the prior is damping inside the factors (empirical_bayes needs no floor)
+    _additive_prior = False  # the prior is damping inside the factors (empirical_bayes needs no floor)
 
     takes_model = True
     curvatures = ("ef", "fisher")  # the factors from the closure's or sampled targets
     #: the update replaces the factors, inverses and heavy-ball buffer in the state, which the device path
     #: masks (:mod:`.engine.device_check`); its inversions read one value back, no other step does
-    maskable_update = True
+    _maskable_update = True
     #: ``finite_check="auto"`` keeps the host read: on an H200 (docs/results/bench/gpu) the mask made K-FAC's
     #: step 1.10× slower and its peak 3.5× higher (a select of every factor and inverse it replaces)
-    device_check_by_default = False
+    _device_check_by_default = False
 
     def __init__(
         self,

@@ -92,7 +92,7 @@ class NNGBlkTri(KroneckerFamily):
     """
 
     #: its own update (the joint posterior's factorisations) is not reviewed for the device path's mask
-    maskable_update = False
+    _maskable_update = False
 
     def __init__(
         self,

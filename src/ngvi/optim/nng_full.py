@@ -74,7 +74,7 @@ class NNGFull(KroneckerFamily):
     """
 
     #: its own update (the joint posterior's factorisations) is not reviewed for the device path's mask
-    maskable_update = False
+    _maskable_update = False
 
     def __init__(
         self,

@@ -85,7 +85,7 @@ class NoisyAdam(VariationalOptimizer):
     """
 
     elementwise = True
-    curvature_state = "fisher"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
+    _curvature_state = "fisher"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2", *TARGETS)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     @classmethod

@@ -50,7 +50,7 @@ class VadaGrad(VariationalOptimizer):
     """
 
     elementwise = True
-    curvature_state = "sum_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
+    _curvature_state = "sum_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(

@@ -112,7 +112,7 @@ class Vadam(VariationalOptimizer):
     """
 
     elementwise = True
-    curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
+    _curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
     def __init__(

@@ -88,7 +88,7 @@ class VOGN(VON):
     elementwise = True  # the update acts weight by weight: flat buckets (ngvi.optim.engine.flat)
     curvatures = ("ef", "fisher")
     takes_model = True
-    transient = (*VON.transient, "_scratch")
+    _transient = (*VON._transient, "_scratch")
 
     def __init__(
         self,

@@ -72,7 +72,7 @@ class VON(VariationalOptimizer):
     """
 
     elementwise = True
-    curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
+    _curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     #: the curvature estimators this rule accepts (the first is the default)
     curvatures: tuple[str, ...] = ("price", "hutchinson")
 

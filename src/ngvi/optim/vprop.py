@@ -60,10 +60,10 @@ class Vprop(VariationalOptimizer):
     """
 
     elementwise = True
-    curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
+    _curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
 
-    default_noise = "antithetic"
+    _default_noise = "antithetic"
 
     def __init__(
         self,

@@ -61,10 +61,10 @@ CHECKS = ("auto", "host", "device")
 def use_device_check(opt: Any) -> bool:
     """Whether ``opt`` decides non-finite steps on the device: ``finite_check="device"`` (which only rules
     whose update can be masked accept), or ``"auto"`` (the default) for such a rule whose parameters are on
-    an accelerator, unless its mask costs more than the read it saves (``device_check_by_default``)."""
+    an accelerator, unless its mask costs more than the read it saves (``_device_check_by_default``)."""
     if opt.finite_check == "auto":
         first = opt.param_groups[0]["params"][0]
-        return opt.maskable_update and opt.device_check_by_default and first.device.type != "cpu"
+        return opt._maskable_update and opt._device_check_by_default and first.device.type != "cpu"
     return opt.finite_check == "device"
 
 

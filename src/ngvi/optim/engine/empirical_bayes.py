@@ -124,7 +124,7 @@ def configure(opt: Any, value: Any, defaults: dict[str, Any]) -> EmpiricalBayes 
             f"{name} has no prior whose precision could be learned (empirical_bayes=): VadaGrad minimises "
             "E_q[F] without one; use ngvi.Vadam for a posterior under a learned prior"
         )
-    if not opt.has_posterior:
+    if not opt._has_posterior:
         raise ValueError(
             f"{name} is a point estimate: with no posterior variance, maximising over λ is the joint MAP, "
             "which is not empirical Bayes (it drives λ to P/‖w‖²); use a rule with a posterior "
@@ -196,7 +196,7 @@ def update(opt: Any, config: EmpiricalBayes) -> list[float]:
         widest = torch.stack([v.double().max() for v in var]).max()
         sums.append((torch.stack([total, widest]), sum(p.numel() for p in params)))
     host = [None if s is None else (*s[0].tolist(), s[1]) for s in sums]  # one read per group
-    additive = opt.additive_prior  # diagonal precisions are (data part) + λ
+    additive = opt._additive_prior  # diagonal precisions are (data part) + λ
     lo, hi = config.bounds
     out = []
     for group, row in zip(opt.param_groups, host, strict=True):

@@ -50,8 +50,8 @@ def enabled(opt: Any) -> bool:
     return bool(
         opt.flat is not False
         and opt._elementwise
-        and opt.flat_draw
-        and not opt.local_params
+        and opt._flat_draw
+        and not opt._local_params
         and (est is None or est.elementwise or (est.per_parameter and not _point_estimates(est)))
     )
 

@@ -78,33 +78,33 @@ class VariationalOptimizer(Optimizer):
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction
-    perturbs_in_step: bool = True
+    _perturbs_in_step: bool = True
     #: ``_precision`` and ``_update`` act weight by weight, so the engine may call them on slices. Counts
     #: only where declared by the classes that define both methods (see ``__init_subclass__``).
     elementwise: bool = False
     _elementwise: bool = False
     #: the rule keeps the default ``_perturb``, so the fused path (:mod:`.perturbation`) may run it
-    diagonal_perturb: bool = True
+    _diagonal_perturb: bool = True
     #: the draw is θ = μ + v·ε⊙r with :meth:`_draw_factors`' r and v (the default ``_perturb``, or a rule's
     #: own diagonal draw that overrides both), so a flat bucket (:mod:`.flat`) may form it
-    flat_draw: bool = True
-    local_params: frozenset[Tensor] = frozenset()  #: sampled per example (:mod:`ngvi.optim._diag_local`)
+    _flat_draw: bool = True
+    _local_params: frozenset[Tensor] = frozenset()  #: sampled per example (:mod:`ngvi.optim._diag_local`)
     #: the curvature estimators the rule accepts through ``curvature=`` (:mod:`ngvi.curvature.estimators`)
     curvatures: tuple[str, ...] = ()
     #: the optimizer takes the model and hooks its layers: its parameters are the model's, in one group
     takes_model: bool = False
     #: ``posterior()`` gives a Gaussian (False for point estimates built on the engine: the K-FAC baseline)
-    has_posterior: bool = True
+    _has_posterior: bool = True
     #: the posterior precision is (data part) + λ, weight by weight (False where the prior is damping inside
     #: Kronecker or full factors): :mod:`.empirical_bayes` then keeps every precision positive when λ falls
-    additive_prior: bool = True
+    _additive_prior: bool = True
     #: ``_update`` writes only μ and the tensors in the parameters' state (in place or by replacing them), so
     #: ``finite_check="device"`` can mask it (:mod:`.device_check`)
-    maskable_update: bool = True
+    _maskable_update: bool = True
     #: whether ``finite_check="auto"`` masks on an accelerator (False where the mask costs more than a read)
-    device_check_by_default: bool = True
+    _device_check_by_default: bool = True
     #: the noise of ``noise=None`` where no parameter is an FSDP2 shard
-    default_noise: str = "normal"
+    _default_noise: str = "normal"
 
     @classmethod
     def builds_from_model(cls, **options: Any) -> bool:
@@ -113,7 +113,7 @@ class VariationalOptimizer(Optimizer):
         return cls.takes_model
 
     #: attributes rebuilt by ``_init_transient`` (never pickled)
-    transient: tuple[str, ...] = (
+    _transient: tuple[str, ...] = (
         "_means",
         "_sqrt_prec",
         "_in_sample",
@@ -136,8 +136,8 @@ class VariationalOptimizer(Optimizer):
 
         rule = (owner("_precision", "_precision_core"), owner("_update"))
         cls._elementwise = all(c.__dict__.get("elementwise", False) for c in rule)
-        cls.diagonal_perturb = cls._perturb is VariationalOptimizer._perturb
-        cls.flat_draw = cls.diagonal_perturb or owner("_perturb") is owner("_draw_factors")
+        cls._diagonal_perturb = cls._perturb is VariationalOptimizer._perturb
+        cls._flat_draw = cls._diagonal_perturb or owner("_perturb") is owner("_draw_factors")
 
     def __init__(
         self,
@@ -160,7 +160,7 @@ class VariationalOptimizer(Optimizer):
         self.empirical_bayes = _eb.configure(self, empirical_bayes, defaults)
         self.mc_samples = check.positive_int("mc_samples", mc_samples)
         self.finite_check = check.choice("finite_check", finite_check, CHECKS)
-        if finite_check == "device" and not self.maskable_update:
+        if finite_check == "device" and not self._maskable_update:
             raise ValueError(
                 f"{type(self).__name__} reads values back in its step (its factorisations), so it cannot "
                 "decide non-finite steps on the device: use finite_check='host'"
@@ -171,7 +171,7 @@ class VariationalOptimizer(Optimizer):
         estimator = None if curvature is None else estimator_for(curvature, self.curvatures)
         self.curvature_estimator = estimator
         self.plugins = (*([estimator] if estimator is not None else []), *plugins)
-        mode = self.default_noise if noise is None else noise
+        mode = self._default_noise if noise is None else noise
         self.noise_source = NoiseSource.configured(seed, mode, noise_dtype, rank_noise, keep=self.needs_noise)
         self._noise_chosen = noise is not None  # else shards take "chunked" (:func:`.sharded.choose_noise`)
         self.skipped_steps = 0
@@ -200,8 +200,8 @@ class VariationalOptimizer(Optimizer):
         return bool(getattr(self.curvature_estimator, name, False))
 
     needs_noise = property(lambda self: self._estimator_flag("needs_noise"), doc="ĥ reads ε")
-    curvature_reads_sample = property(lambda self: self._estimator_flag("reads_sample"))
-    backward_create_graph = property(lambda self: self._estimator_flag("create_graph"))
+    _curvature_reads_sample = property(lambda self: self._estimator_flag("reads_sample"))
+    _backward_create_graph = property(lambda self: self._estimator_flag("create_graph"))
     curvature = property(lambda self: getattr(self.curvature_estimator, "name", None), doc="ĥ's estimator")
     model = property(lambda self: self.curvature_estimator.model if self.takes_model else None, doc="hooked")
     seed = property(lambda self: self.noise_source.seed, lambda self, v: self.noise_source.reseed(v))
@@ -244,7 +244,7 @@ class VariationalOptimizer(Optimizer):
     def unsampled(self, p: Tensor, train: bool) -> bool:
         """True for a parameter that a draw leaves at μ (sampled elsewhere: BBVI's local trick, the layers of
         :func:`~ngvi.optim._diag_local.sample_preactivations` in training; or a point estimate)."""
-        return self.point_estimate(p) or (train and p in self.local_params)
+        return self.point_estimate(p) or (train and p in self._local_params)
 
     def point_estimate(self, p: Tensor) -> bool:
         """True for a parameter that is a point estimate: no posterior noise, variance 0 in ``posterior()``
@@ -341,7 +341,7 @@ class VariationalOptimizer(Optimizer):
                 "or before end_sample()); do it between steps"
             )
         self.check_finite()
-        skip = {*self.transient, "accumulator", "step", "_opt_called"}  # LR schedulers patch `step`
+        skip = {*self._transient, "accumulator", "step", "_opt_called"}  # LR schedulers patch `step`
         out = {k: v for k, v in self.__dict__.items() if k not in skip and not k.startswith("_optimizer_")}
         return {**out, **super().__getstate__()}
 
@@ -373,7 +373,7 @@ class VariationalOptimizer(Optimizer):
     def begin_sample(self, train: bool = False) -> None:
         """Put one posterior sample θ ~ q into the parameters until :meth:`end_sample` (the callback form
         of :meth:`sampled_params`: open it where a framework begins a step, close it before the update)."""
-        self._begin_sample(perturb=self.perturbs_in_step or not train, train=train)
+        self._begin_sample(perturb=self._perturbs_in_step or not train, train=train)
 
     def end_sample(self, discard: bool = False) -> None:
         """Restore μ. With ``train=True`` the gradients now in ``p.grad`` are one MC sample for ``step()``,
@@ -435,13 +435,13 @@ class VariationalOptimizer(Optimizer):
                 try:
                     if sample.perturb:  # a change to the parameters since the draw: refused, not undone
                         sample_guard.check(self, discard=discard or error is not None)
-                    if keep and self.curvature_reads_sample:
+                    if keep and self._curvature_reads_sample:
                         self.accumulator.add_sample(self, sample.keep_grad_refs)
                 finally:
                     self._in_sample = False
                     if sample.perturb:
                         self._restore()
-                if keep and not self.curvature_reads_sample:
+                if keep and not self._curvature_reads_sample:
                     self.accumulator.add_sample(self, sample.keep_grad_refs)
             finally:
                 sample.plugins.__exit__(*exc)
@@ -507,7 +507,7 @@ class VariationalOptimizer(Optimizer):
                     stacklevel=2,
                 )
             if pending == 0:
-                if self.perturbs_in_step:
+                if self._perturbs_in_step:
                     raise RuntimeError(
                         f"{type(self).__name__}.step() needs gradients at posterior samples: pass a closure, "
                         "`opt.step(closure)`, or first run `with opt.sampled_params(train=True): ...`"
@@ -524,7 +524,7 @@ class VariationalOptimizer(Optimizer):
         try:
             for _ in range(self.mc_samples):
                 keep = self.mc_samples == 1
-                self._begin_sample(perturb=self.perturbs_in_step, train=True, keep_grad_refs=keep)
+                self._begin_sample(perturb=self._perturbs_in_step, train=True, keep_grad_refs=keep)
                 try:
                     with torch.enable_grad():
                         result = closure()

@@ -52,7 +52,7 @@ def draw(opt: Any, train: bool) -> None:
             for p, mean in zip(params, means, strict=True):
                 opt._means[p] = mean
                 done.append(p)
-            if opt.diagonal_perturb:
+            if opt._diagonal_perturb:
                 perturb_diagonal(opt, group, params, means, states, reuse)
                 continue
             for p in params:  # a copy of μ (in the state's precision: the master of a bfloat16 parameter)

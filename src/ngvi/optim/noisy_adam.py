@@ -50,9 +50,11 @@ from . import _nng_prior as nng
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO, check_kl_clip, kl_clip_of
+from .forgetting import ForgetsStart, check_forget_start, step_of
+from .forgetting import decay as start_decay
 
 
-class NoisyAdam(VariationalOptimizer):
+class NoisyAdam(ForgetsStart, VariationalOptimizer):
     """Noisy Adam (NNG-FFG). Posterior precision 1/σ² = (N/λ)(f + γ_in).
 
     Args:
@@ -64,6 +66,9 @@ class NoisyAdam(VariationalOptimizer):
         curvature: ``"grad2"`` (Alg. 1: the squared minibatch gradient), ``"ef"`` (per-example squared
             gradients) or ``"fisher"`` (the same with sampled targets); see the module docstring.
         likelihood, noise_prec, loss_reduction, chunk_bytes: as VOGN's, for the per-example forms only.
+        forget_start: the early curvature weight 1 − β₂ (:mod:`ngvi.optim.forgetting`): ``"auto"`` (3·10⁻³
+            until f₀ is 1% of γ_in, with ``init_prec="auto"``; else None: Alg. 1's constant β₂), a number,
+            or None.
     """
 
     elementwise = True
@@ -95,6 +100,7 @@ class NoisyAdam(VariationalOptimizer):
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
         kl_clip: float | str | None = AUTO,
+        forget_start: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
@@ -131,6 +137,7 @@ class NoisyAdam(VariationalOptimizer):
             damping=damping,
             init_prec=init_prec,
             kl_clip=kl_clip,
+            forget_start=forget_start,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -140,6 +147,7 @@ class NoisyAdam(VariationalOptimizer):
         check.betas("betas", group["betas"])
         nng.check_prior(group)
         check_kl_clip(group)
+        check_forget_start(group)
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
@@ -164,6 +172,9 @@ class NoisyAdam(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
+        # β₂, or 1 − ρₑ while f₀ is forgotten (ngvi.optim.forgetting)
+        start, prior = self.initial_fisher(group), self.intrinsic_damping(group)
+        beta2 = start_decay(beta2, step_of(states), group, start, prior)
         F.run_core(
             F.noisy_adam_update_,
             means,

@@ -49,6 +49,7 @@ from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
 from .engine.prior import AUTO, kl_clip_of
+from .forgetting import start_of, step_of, update_weight
 from .von import VON
 
 
@@ -67,6 +68,7 @@ class VOGN(VON):
             ("fisher" only).  noise_prec: τ of the "gaussian" likelihood.
         loss_reduction: "mean" (the closure returns (1/M)Σᵢfᵢ) or "sum" (Σᵢfᵢ; ĝ is then divided by M).
         chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
+        forget_start: the early curvature step, as VON's (:mod:`ngvi.optim.forgetting`).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ... (:class:`~ngvi.VariationalOptimizer`).
     """
 
@@ -92,6 +94,7 @@ class VOGN(VON):
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
         kl_clip: float | str | None = AUTO,
+        forget_start: float | str | None = None,
         **engine_kwargs: Any,
     ):
         estimator = PerExampleGGN(
@@ -113,6 +116,7 @@ class VOGN(VON):
             estimator,
             momentum=momentum,
             kl_clip=kl_clip,
+            forget_start=forget_start,
             **engine_kwargs,
         )
 
@@ -177,7 +181,7 @@ class VOGN(VON):
             self._scratch_for(states),
             [self._momentum_buffer(st) for st in states] if momentum else None,  # μ_t − μ_{t−1}
             lr=group["lr"],
-            beta=group["beta"],
+            beta=update_weight(group["beta"], step_of(states), group, *start_of(group)),
             momentum=momentum,
             prior_tilde=group["prior_prec"] / group["data_size"],
             kl_clip=kl_clip_of(group),

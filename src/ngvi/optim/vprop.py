@@ -36,16 +36,26 @@ from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO
-from .vadam import STEP_MOMENTS, decay_start_, init_second_moment, second_moment_precision
+from .forgetting import ForgetsStart
+from .vadam import (
+    STEP_MOMENTS,
+    check_forget_start_of_moment,
+    decay_start_,
+    forgets_start,
+    init_second_moment,
+    scheduled_moment,
+    second_moment_precision,
+)
 
 
-class Vprop(VariationalOptimizer):
+class Vprop(ForgetsStart, VariationalOptimizer):
     """Variational RMSprop. Posterior precision 1/σ² = N·s + λ.
 
     Args:
         params: parameters or groups.  data_size: N.  lr: α.  beta: β, the curvature step.
         prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
         mc_samples: posterior samples per step.  step_moment: ``"debiased"`` (default) or ``"paper"``.
+        forget_start: the early curvature step, as Vadam's (:mod:`ngvi.optim.forgetting`).
         **engine_kwargs: as for every ngvi optimizer; ``noise`` defaults to ``"antithetic"`` here.
     """
 
@@ -65,6 +75,7 @@ class Vprop(VariationalOptimizer):
         *,
         step_moment: str = "debiased",
         curvature: str | CurvatureEstimator = "grad2",
+        forget_start: float | str | None = None,
         **engine_kwargs: Any,
     ):
         engine_kwargs.setdefault("noise", "antithetic")
@@ -75,6 +86,7 @@ class Vprop(VariationalOptimizer):
             prior_prec=prior_prec,
             init_prec=init_prec,
             step_moment=step_moment,
+            forget_start=forget_start,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -88,6 +100,7 @@ class Vprop(VariationalOptimizer):
                 f"the decay here): pass beta={1 - group['beta']:.3g}"
             )
         check.choice("step_moment", group["step_moment"], STEP_MOMENTS)
+        check_forget_start_of_moment(group)
 
     def _init_state(self, group, p, state):
         init_second_moment(group, p, state)
@@ -97,6 +110,11 @@ class Vprop(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         debiased = group["step_moment"] == "debiased"
+        decay = 1 - group["beta"]
+        if forgets_start(group):
+            decay, bias = scheduled_moment(decay, states, group)
+        else:
+            bias = F.bias_corrections(decay, states) if debiased else None
         F.run_core(
             F.vprop_update_,
             means,
@@ -104,9 +122,9 @@ class Vprop(VariationalOptimizer):
             curvs,
             [st["exp_avg_sq"] for st in states],
             lr=group["lr"],
-            beta=group["beta"],
+            beta=1 - decay if forgets_start(group) else group["beta"],
             prior_tilde=group["prior_prec"] / group["data_size"],
-            bias=F.bias_corrections(1 - group["beta"], states) if debiased else None,
+            bias=bias,
             compile=self.compile,
         )
-        decay_start_(states, 1 - group["beta"])
+        decay_start_(states, decay)

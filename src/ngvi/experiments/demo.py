@@ -86,7 +86,7 @@ PAPER_OPTIONS: dict[str, dict[str, Any]] = {
 #: leaves off for the recorded experiments); VadaGrad has no prior
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "vadam": {},
-    "vprop": {},
+    "vprop": {"forget_start": "auto"},
     "von": {"kl_clip": "auto"},
     "ivon": {"kl_clip": "auto", "forget_start": "auto"},
     "noisy_adam": {"kl_clip": "auto", "forget_start": "auto"},
@@ -412,8 +412,9 @@ def plot(done: dict[str, dict[str, Any]], data: ToyRegression, path: Path) -> No
         ax.set_xlabel("x", fontsize=8)
         ax.set_ylabel("y", fontsize=8)
         ax.tick_params(labelsize=7)
-    # the legend from a method's panel: it has the reference's outline too
-    save_figure(fig, path, legend_from=axes[1 if reference is not None and len(axes) > 1 else 0], dpi=120)
+    # the legend from the first method's panel (blue, with the reference's outline), else the first panel
+    methods = [i for i, name in enumerate(done) if name not in ("exact", "exact_mf")]
+    save_figure(fig, path, legend_from=axes[methods[0] if methods else 0], dpi=120)
 
 
 EXPERIMENT = Demo()

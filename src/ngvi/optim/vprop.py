@@ -55,7 +55,8 @@ class Vprop(ForgetsStart, VariationalOptimizer):
         params: parameters or groups.  data_size: N.  lr: α.  beta: β, the curvature step.
         prior_prec: λ.  init_prec: precision of q at t=0 (``"auto"``: N + λ, s₀ = 1; ``None``: the prior's).
         mc_samples: posterior samples per step.  step_moment: ``"debiased"`` (default) or ``"paper"``.
-        forget_start: the early curvature step, as Vadam's (:mod:`ngvi.optim.forgetting`).
+        forget_start: the early curvature step (:mod:`ngvi.optim.forgetting`): ``"auto"`` (default: 3·10⁻³
+            until N·s₀ is 1% of λ, with ``init_prec="auto"``; else None), a number, or None (the constant β).
         **engine_kwargs: as for every ngvi optimizer; ``noise`` defaults to ``"antithetic"`` here.
     """
 
@@ -75,7 +76,7 @@ class Vprop(ForgetsStart, VariationalOptimizer):
         *,
         step_moment: str = "debiased",
         curvature: str | CurvatureEstimator = "grad2",
-        forget_start: float | str | None = None,
+        forget_start: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         engine_kwargs.setdefault("noise", "antithetic")

@@ -20,6 +20,9 @@ far from the data with weight ~1/t (measured: ``benchmarks/forget_start.py``; do
 that forget their start"). The rule's fixed point is unchanged (ρ_t = ρ after T_e). For N·s₀/λ = 200 and
 ρₑ = 3·10⁻³, T_e = 3,300 steps.
 
+ρₑ is a floor while t ≤ T_e: a schedule of the rule's own weight (β, β₂) below it is overridden then, so
+pass ``forget_start=None`` when you schedule the curvature weight yourself.
+
 ``forget_start="auto"`` is :data:`EARLY_RATE` with ngvi's start (``init_prec="auto"``; IVON, which has no
 ``init_prec``, always) and the rule's constant weight with a start the caller chose (``init_prec=None``, the
 papers', or a number: what the golden trajectories and the experiments' protocols pin), as

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import ngvi
-from ngvi.baselines.exact import linear_regression_mean_field
+from ngvi.baselines.exact import linear_regression_mean_field, linear_regression_posterior
 from ngvi.optim import forgetting
 
 N, D, ZERO, TAU, LAM = 200, 6, (4, 5), 4.0, 1.0
@@ -180,3 +180,60 @@ def test_ivon_paper_settings_are_reachable_by_name():
     opt = ngvi.IVON(nn.Linear(2, 1).parameters(), N, **ngvi.optim.ivon.PAPER)
     group = opt.param_groups[0]
     assert group["betas"] == (0.9, 0.99999) and group["hess_init"] == 1.0 and group["forget_start"] is None
+
+
+def fit_kronecker(cls, forget_start, steps: int = 1500):
+    """The K-FAC family on the same problem, full batch, the true Fisher (CHOOSING's advice for the family),
+    the cosine lr decay; → (q's mean over [w, b], its marginal variances, its covariance if it keeps one)."""
+    x, y, _, _ = problem()
+    torch.manual_seed(0)
+    model = nn.Linear(D, 1).double()
+    opt = cls(model, N, prior_prec=LAM, curvature="fisher", likelihood="gaussian", noise_prec=TAU,
+              forget_start=forget_start, seed=0)  # fmt: skip
+    cosine = lambda t: 0.5 * (1 + math.cos(math.pi * min(t, steps) / steps))  # noqa: E731
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine)
+
+    def closure():
+        opt.zero_grad()
+        out = model(x)
+        return 0.5 * TAU * (out - y).square().mean(), out
+
+    for _ in range(steps):
+        opt.step(closure)
+        sched.step()
+    post = opt.posterior()
+    q_mean = torch.cat([m.reshape(-1) for m in post.mean]).double()
+    q_var = torch.cat([v.reshape(-1) for v in post.variance]).double()
+    return q_mean, q_var, getattr(post, "covariance", None)
+
+
+def exact_full():
+    x, y, _, _ = problem()
+    design = torch.cat([x, torch.ones(N, 1, dtype=torch.float64)], 1)
+    return linear_regression_posterior(design, y[:, 0], TAU, LAM)
+
+
+def test_nng_full_forgetting_reaches_the_exact_posterior():
+    """NNG-full's posterior is a full Gaussian with the prior as γ_in, so on Bayesian linear regression its
+    target is the exact posterior itself. With ``forget_start=1e-2`` (the early phase ends after 986 updates)
+    it reaches it in 1,500 steps: the covariance within 2% (Frobenius, relative; seen 0.5% at 4,000 steps with
+    "auto"), the mean within 0.3 s.d., the unconstrained weights' variance within 5% of the prior's (seen
+    0.995); with the constant β it is 0.21 of the prior's and the covariance 79% off."""
+    mean, cov = exact_full()
+    q_mean, q_var, q_cov = fit_kronecker(ngvi.NNGFull, 1e-2)
+    assert ((q_mean - mean) / cov.diagonal().sqrt()).abs().max() < 0.3
+    assert (q_cov - cov).norm() / cov.norm() < 0.02, ((q_cov - cov).norm() / cov.norm()).item()
+    assert ((q_var[FREE] * LAM - 1).abs() < 0.05).all(), q_var[FREE]
+    _, q_var_constant, _ = fit_kronecker(ngvi.NNGFull, None)
+    assert (q_var_constant[FREE] * LAM < 0.5).all(), q_var_constant[FREE]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="noisy K-FAC's prior is factored damping (A + pi*sqrt(g))(S + sqrt(g)/pi): an unconstrained "
+    "weight keeps a precision of ~25-40x the prior's with or without forget_start (its variance "
+    "0.025-0.04 of 1/lambda at 4,000 steps; the constrained marginals within 6-7% of the exact ones)",
+)
+def test_noisy_kfac_forgetting_reaches_the_prior_where_no_data_are():
+    _, q_var, _ = fit_kronecker(ngvi.NoisyKFAC, 1e-2)
+    assert ((q_var[FREE] * LAM - 1).abs() < 0.05).all(), q_var[FREE]

@@ -33,7 +33,9 @@ h₀ for ~10⁵ steps), noisy Adam and Vprop; VON, VOGN and Vadam keep their con
 (``forget_start=None``), which forgets s₀ as e^{−10⁻³t}: on the issue's toy MLP (N = 512, 200 steps) the
 faster forgetting widened their posterior towards its true width early, and their train loss at the mean
 went from at most 2.7–3.1× Adam's to 3.4–4.5× (the bounds tests/optim/test_defaults.py keeps: 3×, VOGN
-3.5×); pass ``forget_start="auto"`` to have it.
+3.5×); pass ``forget_start="auto"`` to have it. The K-FAC family (NoisyKFAC, NNGBlkTri, NNGFull) takes it
+too, on its factors' weight, off by default: with it NNG-full reaches the exact posterior of a linear
+regression, while noisy K-FAC's factored damping keeps an unconstrained weight far from the prior either way.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ criteria), in four variants:
 * ``defaults``: as the study ran them (2,000 steps);
 * ``steps-20k``: the defaults, 10× as long: does the miss close with time?
 * ``no-region``: ``kl_clip=None``, 2,000 steps: is it the region that holds them back?
+* ``forget-start`` (issue 44): ``forget_start="auto"`` (:mod:`ngvi.optim.forgetting`), 2,000 steps: does
+  forgetting the start close the gap? (VadaGrad has no such option.)
 * ``sharp-start``: the curvature state starts at the likelihood's scale, 1/σ² units per example (VON and
   VOGN ``init_prec`` = N/σ² + λ, IVON ``hess_init`` = 1/σ², noisy Adam ``init_prec`` = N/σ², VadaGrad
   ``init_prec`` = s₀/σ²), 2,000 steps: does the curvature state's lag explain it? An explicit start turns
@@ -58,7 +60,11 @@ VARIANTS = {
     "steps-20k": (20000, lambda method, problem: {}),
     "no-region": (2000, lambda method, problem: {"kl_clip": None}),
     "sharp-start": (2000, sharp_start),
+    # issue 44: the early curvature weight that forgets ngvi's start (IVON's and noisy Adam's default since;
+    # the study's builds pin forget_start=None)
+    "forget-start": (2000, lambda method, problem: {} if method == "vadagrad" else FORGET),
 }
+FORGET = {"forget_start": "auto"}
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from torch import nn
 
 import ngvi
 from ngvi import metrics
-from ngvi.baselines import BBVI, MAP
+from ngvi.baselines import MAP
 from ngvi.calibrate import prior_key
 from ngvi.evaluation import token_rows
 
@@ -201,10 +201,13 @@ def test_predict_and_the_report_use_the_fitted_values(tmp_path):
         model, opt, (x_val, y_val), out=tmp_path, task="regression", noise_std=cal.noise_std, samples=32,
         vectorize=True, generator=torch.Generator().manual_seed(7),
     )  # fmt: skip
-    assert report.metrics["nll"] == pytest.approx(cal.nll_after, rel=1e-6)
+    # 1e-6 absolute too: an NLL near 0 (0.027 here) has float32 outputs' rounding, not 1e-6 of itself
+    assert report.metrics["nll"] == pytest.approx(cal.nll_after, rel=1e-6, abs=1e-6)
     x, y = x_val, y_val
     f = ngvi.predict(model, opt, x, 32, vectorize=True, generator=torch.Generator().manual_seed(7))
-    assert -metrics.gaussian_log_likelihood(f, y, cal.noise_prec) == pytest.approx(cal.nll_after, rel=1e-6)
+    assert -metrics.gaussian_log_likelihood(f, y, cal.noise_prec) == pytest.approx(
+        cal.nll_after, rel=1e-6, abs=1e-6
+    )
 
 
 def test_state_dict_and_save_posterior_keep_the_fitted_prior(tmp_path):
@@ -325,12 +328,9 @@ def _groups(opt):
     "make, words",
     [
         (lambda m, n: ngvi.VadaGrad(m.parameters(), seed=0), "VadaGrad has no prior"),
-        (lambda m, n: ngvi.NoisyKFAC(m, n, seed=0), "damping inside its Kronecker"),
-        (lambda m, n: ngvi.NNGFull(m, n, seed=0), "fit_prior=False"),
-        (lambda m, n: BBVI(m, n, seed=0), "no posterior precision of the form"),
         (lambda m, n: MAP(m, n), "not supported for MAP"),
-    ],
-    ids=["VadaGrad", "NoisyKFAC", "NNGFull", "BBVI", "MAP"],
+    ],  # the K-FAC family and BBVI get a temperature (issue 44): tests/test_calibrate_temperature.py
+    ids=["VadaGrad", "MAP"],
 )
 def test_rules_without_an_additive_prior_are_refused_unchanged(make, words):
     model, opt = trained(make, 16, noise=0.1, loss_noise=1.0, steps=5)

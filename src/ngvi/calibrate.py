@@ -27,10 +27,12 @@ generator seeded by ``seed``, ``chunk`` draws at a time: the two fix ε), so the
 function of λ and differences between candidates are not Monte-Carlo noise; the optimizer's own noise
 stream is not touched.
 
-Refused, with the optimizer left as it was: rules whose prior is not an additive term of a diagonal
-precision (VadaGrad has no prior; the K-FAC family's prior is damping inside factors inverted during
-training; BBVI's σ is learned directly; point estimates and ensembles have no posterior to widen), an empty
-``val_data``, a model whose parameters are not the optimizer's, and a sample left open.
+The K-FAC family (whose prior is damping inside factors inverted during training) and BBVI (whose σ is
+learned directly) get a posterior temperature T instead, covariance × T, fitted the same way
+(:mod:`ngvi.calibrate_temperature`, issue 44). A fit at an end of the values searched warns.
+
+Refused, with the optimizer left as it was: VadaGrad (no prior), point estimates and ensembles (no posterior
+to widen), an empty ``val_data``, a model whose parameters are not the optimizer's, and a sample left open.
 ``fit_prior=False`` fits only the regression noise and works for every trainer :func:`ngvi.predict` takes.
 """
 
@@ -45,6 +47,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
+from .calibrate_temperature import fit_temperature, temperature_key, warn_at_grid_end
 from .evaluation import token_rows
 from .optim import IVON, VON, BAdam, NoisyAdam, VadaGrad, Vadam, Vprop
 from .optim.kronecker import KroneckerFamily
@@ -116,6 +119,18 @@ class Calibration:
     samples: int
     points: int
     seed: int
+    temperature: float | None = None  # the K-FAC family's and BBVI's (calibrate_temperature); λ's is None
+
+    def __repr__(self) -> str:
+        values = {"prior_prec": self.prior_prec, "temperature": self.temperature, "noise_std": self.noise_std}
+        fitted = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if v is not None) or "nothing fitted"
+        grid = ""
+        if self.grid:
+            grid = f", {len(self.grid)} grid values {min(self.grid):.3g}…{max(self.grid):.3g}"
+        return (
+            f"Calibration({self.task}, {fitted}, held-out NLL {self.nll_before:.4f} → {self.nll_after:.4f} "
+            f"on {self.points} points{grid})"
+        )
 
     @property
     def noise_prec(self) -> float | None:
@@ -480,7 +495,8 @@ def calibrate(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63) (it seeds the draws), got {seed!r}")
     opt = unwrap(opt)
-    key = prior_key(opt) if fit_prior else None
+    temperature = temperature_key(opt) if fit_prior else None  # the K-FAC family's and BBVI's (issue 44)
+    key = prior_key(opt) if fit_prior and temperature is None else None
     if fit_prior and not _has_posterior(opt):
         raise TypeError(f"calibrate: {type(opt).__name__} has no posterior() to sample")
     extend = grid is None
@@ -516,6 +532,11 @@ def calibrate(
             task, None, (), noise_after, noise_std, nll_before, nll_after, (), (), None, samples, points, seed
         )
 
+    if temperature is not None:
+        searched = None if extend else grid
+        return _temperature_calibration(
+            opt, objective, task, fixed_noise, searched, nll_before, noise_std, samples, points, seed
+        )
     assert key is not None  # fit_prior
     try:
         search = _PriorSearch(opt, key, objective, fixed_noise)
@@ -526,6 +547,9 @@ def calibrate(
         for g, v in zip(opt.param_groups, before_values, strict=True):
             g[key.key] = v
         raise
+    warn_at_grid_end(
+        "λ", fitted, grid_lams, "treat it as 'flat' or 'no weight noise', not as a prior to reuse"
+    )
     return Calibration(
         task=task,
         prior_prec=fitted,
@@ -541,3 +565,15 @@ def calibrate(
         points=points,
         seed=seed,
     )
+
+
+def _temperature_calibration(opt, objective, task, noise, grid, nll_before, noise_std, samples, points, seed):
+    """:func:`calibrate` for a family with a temperature (:mod:`ngvi.calibrate_temperature`)."""
+    key, fitted, nll_after, noise_after, grid_t, grid_nll = fit_temperature(opt, objective, noise, grid)
+    warn_at_grid_end("temperature T", fitted, grid_t, "the posterior's spread does not help the held-out NLL "
+                     "there (T → 0: the mean network) or is far too narrow (T → ∞)")  # fmt: skip
+    regression = task == "regression"
+    return Calibration(
+        task, None, (), noise_after if regression else None, noise_std if regression else None, nll_before,
+        nll_after, grid_t, grid_nll, key.key, samples, points, seed, temperature=fitted,
+    )  # fmt: skip

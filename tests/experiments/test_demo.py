@@ -28,7 +28,7 @@ def test_demo_quick_writes_png_table_and_resumes(tmp_path):
     assert "| Exact posterior (reference) |" in table and "MISSED" not in table
     assert "| 95% coverage | r with exact variance |" in table
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert set(runs) == {"exact", "vadam", "badam"}
+    assert set(runs) == {"exact", "exact_mf", "vadam", "badam"}
     n_test = len(toy_regression().x_test)
     for r in runs.values():
         assert len(r["pred_mean"]) == len(r["pred_std"]) == n_test
@@ -131,7 +131,7 @@ def test_the_correlation_with_the_exact_variance_is_pearson_of_variances():
 def test_every_method_runs(tmp_path):
     assert main(["demo", "--steps", "5", "--out", str(tmp_path), "--jobs", "2"]) == 0
     rows = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(rows) == 2 + len(demo.OPTIONS)  # the header, the reference and one row per optimizer
+    assert len(rows) == 3 + len(demo.OPTIONS)  # the header, the two references and one row per optimizer
 
 
 def test_the_y_range_holds_every_band_whole():

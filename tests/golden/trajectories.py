@@ -106,7 +106,8 @@ LIKELIHOOD = {"linear": "gaussian", "conv": "categorical"}
 
 # name -> (factory(model, kind), closure style): "backward", "graph" (create_graph), "output" (fisher).
 # Options whose defaults changed since the recording (ngvi 0.2: init_prec="auto", step_moment, Vprop's
-# antithetic noise, the natural-gradient rules' momentum) are pinned to the recorded ones.
+# antithetic noise, the natural-gradient rules' momentum; issue 44: IVON's forget_start) are pinned to the
+# recorded ones.
 CASES: dict[str, tuple[Callable, str]] = {
     "vadam": (
         lambda m, k: ngvi.Vadam(m.parameters(), N, lr=1e-2, init_prec=50.0, step_moment="paper", seed=3),
@@ -165,9 +166,11 @@ CASES: dict[str, tuple[Callable, str]] = {
         ),
         "graph",
     ),
-    "ivon": (lambda m, k: ngvi.IVON(m.parameters(), N, lr=0.05, seed=3), "backward"),
+    "ivon": (lambda m, k: ngvi.IVON(m.parameters(), N, lr=0.05, forget_start=None, seed=3), "backward"),
     "ivon_clip_mc2": (
-        lambda m, k: ngvi.IVON(m.parameters(), N, lr=0.05, clip_radius=1e-3, mc_samples=2, seed=3),
+        lambda m, k: ngvi.IVON(
+            m.parameters(), N, lr=0.05, clip_radius=1e-3, mc_samples=2, forget_start=None, seed=3
+        ),
         "backward",
     ),
     "noisy_adam": (

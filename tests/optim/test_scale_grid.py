@@ -15,7 +15,8 @@ nothing else. The claims, per cell:
 * a sensible σ: every σ of q finite and positive, and no wider than the prior (1/√λ, with λ = 1 for Vadam,
   Vprop, VON, VOGN and noisy Adam, λ = δN for IVON) or, for VadaGrad (no prior; s only grows), than its
   start 1/√s₀, to a relative 10⁻⁵ (float32 rounding);
-* the first step's length ‖Δμ₁‖ ≤ √κ (10⁻⁴ relative) for the rules with the region.
+* the first step's length ‖Δμ₁‖ ≤ √κ (10⁻⁴ relative; IVON 2%, see the assertion) for the rules with the
+  region.
 
 The problem and the network are ``test_kfac_scale``'s.
 """
@@ -111,7 +112,10 @@ def test_defaults_train_and_give_a_sensible_sigma(name, kind, n):
     assert torch.isfinite(sd).all() and (sd > 0).all()
     assert sd.max().item() <= widest_allowed(name, opt, n) * (1 + 1e-5), sd.max().item()
     if name in CAPPED:
-        assert first <= math.sqrt(KL_CLIP) * (1 + 1e-4), first
+        # the cap is in the metric after the first curvature update; IVON's default early weight (3·10⁻³,
+        # forget_start, issue 44; 10⁻⁵ before) can move h + δ below 1: seen 1.014·√κ at σ = 0.05, N = 100
+        slack = 1.02 if name == "ivon" else 1 + 1e-4
+        assert first <= math.sqrt(KL_CLIP) * slack, first
 
 
 WITH_KAPPA = {

@@ -23,9 +23,15 @@ from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO, check_kl_clip, kl_clip_of
+from .forgetting import ForgetsStart, check_forget_start, step_of
+from .forgetting import decay as start_decay
+
+#: the paper's settings (Shen et al. 2024, Alg. 1 and its defaults): ``IVON(params, N, **PAPER)``. The
+#: constant β₂ keeps h near h₀ for ~1/(1 − β₂) = 10⁵ steps; ngvi's default forgets h₀ (``forget_start``).
+PAPER: dict[str, Any] = dict(lr=0.1, betas=(0.9, 0.99999), hess_init=1.0, forget_start=None, kl_clip=None)
 
 
-class IVON(VariationalOptimizer):
+class IVON(ForgetsStart, VariationalOptimizer):
     """Improved variational online-Newton. Posterior precision 1/σ² = N(h + δ).
 
     Args:
@@ -36,9 +42,13 @@ class IVON(VariationalOptimizer):
         betas: (β₁, β₂).
         weight_decay: δ (default 1e-4); or ``prior_prec`` = λ = δN, the name every ngvi optimizer accepts.
         hess_init: h₀, in curvature units per example: 1 suits a unit-scale likelihood; with a Gaussian
-            likelihood of noise precision τ, τ (β₂ = 0.99999 moves h little in 10⁴ steps; docs/CHOOSING.md).
+            likelihood of noise precision τ, τ (with ``forget_start=None`` β₂ = 0.99999 moves h little in 10⁴
+            steps; docs/CHOOSING.md).
         mc_samples: samples per step.
         clip_radius: the update clip.
+        forget_start: the early curvature weight 1 − β₂ (:mod:`ngvi.optim.forgetting`): ``"auto"``
+            (default: 3·10⁻³ until N·h₀ has decayed to 1% of the prior's N·δ, then β₂), a number, or ``None``
+            (Alg. 1's constant β₂; the paper's settings: :data:`PAPER`).
         prior_prec: λ = δN (give ``weight_decay`` or this).
         curvature: the estimator of ĥ: ``"price"`` (IVON's reparameterisation estimate; the only one).
         ess: the same as ``data_size`` (ivon-opt's name; give one of the two).
@@ -71,6 +81,7 @@ class IVON(VariationalOptimizer):
         curvature: str | CurvatureEstimator = "price",
         ess: int | None = None,
         kl_clip: float | str | None = AUTO,
+        forget_start: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         if (data_size is None) == (ess is None):
@@ -89,6 +100,7 @@ class IVON(VariationalOptimizer):
             hess_init=hess_init,
             clip_radius=clip_radius,
             kl_clip=kl_clip,
+            forget_start=forget_start,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -100,6 +112,7 @@ class IVON(VariationalOptimizer):
         check.positive("hess_init", group["hess_init"])
         check.positive("clip_radius", group["clip_radius"], allow_inf=True)
         check_kl_clip(group)
+        check_forget_start(group)
 
     def _init_state(self, group, p, state):
         state["momentum"] = torch.zeros_like(p)
@@ -114,6 +127,8 @@ class IVON(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
+        # β₂, or 1 − ρₑ while h₀ is forgotten (ngvi.optim.forgetting)
+        beta2 = start_decay(beta2, step_of(states), group, group["hess_init"], group["weight_decay"])
         return F.run_core(
             F.ivon_update_,
             means,

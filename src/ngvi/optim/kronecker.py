@@ -59,6 +59,7 @@ from . import functional as F
 from ._kfac_local import SAMPLINGS, LocalPreactivations
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO, KL_CLIP, check_kl_clip, kl_clip_of
+from .forgetting import check_forget_start, update_weight
 
 __all__ = ["DEFAULTS", "KL_CLIP", "KroneckerFamily"]
 
@@ -119,6 +120,7 @@ class KroneckerFamily(VariationalOptimizer):
             check.positive_int("stats_every", group["stats_every"])
         check.positive_int("inv_every", group["inv_every"])
         check_kl_clip(group)
+        check_forget_start(group)
 
     def _check_prior(self, group: dict[str, Any]) -> None:
         nng.check_prior(group)
@@ -135,8 +137,16 @@ class KroneckerFamily(VariationalOptimizer):
 
     @staticmethod
     def _factor_step(group: dict[str, Any], count: int) -> float:
-        """The EMA weight of the count-th factor update: β, or max(β, 1/count) from 0 (the warm start)."""
-        return max(group["beta"], 1.0 / count) if group["init_prec"] is None else group["beta"]
+        """The EMA weight of the count-th factor update: β, or max(β, 1/count) from 0 (the warm start), or
+        ``forget_start``'s early weight while the start F₀ is forgotten (:mod:`ngvi.optim.forgetting`; a
+        group without the key, plain K-FAC's or an old checkpoint's, keeps β)."""
+        if group["init_prec"] is None:
+            return max(group["beta"], 1.0 / count)
+        if group.get("forget_start") is None:
+            return group["beta"]
+        return update_weight(
+            group["beta"], count, group, nng.initial_curvature(group), nng.intrinsic_damping(group)
+        )
 
     def _inverting(self, group: dict[str, Any]) -> bool:
         """Inverses at the first step and every T_inv steps after."""

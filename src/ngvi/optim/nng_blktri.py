@@ -24,7 +24,7 @@ reading only the previous layer's output (checked in every sample; branches and 
 :func:`~ngvi.curvature.tridiagonal.lam_sqrt`'s, which is independent of the eigenbasis that degenerate factors
 leave arbitrary, so ranks and reruns draw alike.
 Schedules, the start (``init_prec``: A₀ = S₀ = I by default, none between layers; ``None``: zeros and the
-warm start), momentum, the trust region (``kl_clip``) and the defaults are the family's
+warm start), momentum, the trust region (``kl_clip``), ``forget_start`` and the defaults are the family's
 (:mod:`ngvi.optim.kronecker`); the experiments pin NNG's settings (lr 10⁻³, β 10⁻³ or 0.01, their momentum)
 explicitly.
 """
@@ -111,6 +111,7 @@ class NNGBlkTri(KroneckerFamily):
         *,
         init_prec: float | str | None = DEFAULTS["init_prec"],
         kl_clip: float | str | None = DEFAULTS["kl_clip"],
+        forget_start: float | str | None = None,
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -124,6 +125,7 @@ class NNGBlkTri(KroneckerFamily):
             data_size=data_size, lr=lr, beta=beta, momentum=momentum,
             prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
             stats_every=stats_every, inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
+            forget_start=forget_start,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=mc_samples, **engine_kwargs)
 

@@ -65,6 +65,8 @@ class NNGFull(KroneckerFamily):
             and the running mean for the first 1/β updates (K-FAC's warm start), so q starts at the prior.
             The other defaults are the family's (:mod:`ngvi.optim.kronecker`).
         kl_clip: the family's trust region κ on the natural step (:mod:`ngvi.optim.kronecker`).
+        forget_start: ``None`` (default: the factors' constant β), or ``"auto"``/a number: an early factor
+            weight (3·10⁻³) until the start F₀ is 1% of γ_in (:mod:`ngvi.optim.forgetting`, issue 44).
         max_params: refuse models with more parameters than this (D² numbers per matrix).
         **engine_kwargs: ``seed``, ``skip_nonfinite``, ``engine`` (:class:`~ngvi.EngineOptions`), ...
 
@@ -96,6 +98,7 @@ class NNGFull(KroneckerFamily):
         loss_reduction: str = "mean",
         init_prec: float | str | None = DEFAULTS["init_prec"],
         kl_clip: float | str | None = DEFAULTS["kl_clip"],
+        forget_start: float | str | None = None,
         max_params: int = 4096,
         **engine_kwargs: Any,
     ):
@@ -115,7 +118,7 @@ class NNGFull(KroneckerFamily):
         hyper = dict(
             data_size=data_size, lr=lr, beta=beta, momentum=momentum,
             prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
-            inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
+            inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip, forget_start=forget_start,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=mc_samples, **engine_kwargs)
 

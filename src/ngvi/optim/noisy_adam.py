@@ -50,9 +50,11 @@ from . import _nng_prior as nng
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO, check_kl_clip, kl_clip_of
+from .forgetting import ForgetsStart, check_forget_start, step_of
+from .forgetting import decay as start_decay
 
 
-class NoisyAdam(VariationalOptimizer):
+class NoisyAdam(ForgetsStart, VariationalOptimizer):
     """Noisy Adam (NNG-FFG). Posterior precision 1/σ² = (N/λ)(f + γ_in).
 
     Args:
@@ -72,8 +74,11 @@ class NoisyAdam(VariationalOptimizer):
         noise_prec: as VOGN's, for the per-example forms only.
         loss_reduction: as VOGN's, for the per-example forms only.
         chunk_bytes: as VOGN's, for the per-example forms only.
-        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² with ``init_prec="auto"``, off with
-            a start of your own), a number, or None (off).
+        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² unless ``init_prec=None``), a
+            number, or None (off).
+        forget_start: the early curvature weight 1 − β₂ (:mod:`ngvi.optim.forgetting`): ``"auto"`` (3·10⁻³
+            until f₀ is 1% of γ_in, with ``init_prec="auto"``; else None: Alg. 1's constant β₂), a number,
+            or None.
         **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
             ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
             ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
@@ -113,6 +118,7 @@ class NoisyAdam(VariationalOptimizer):
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
         kl_clip: float | str | None = AUTO,
+        forget_start: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         prior_var = check.prior_var(prior_var, prior_prec)
@@ -149,6 +155,7 @@ class NoisyAdam(VariationalOptimizer):
             damping=damping,
             init_prec=init_prec,
             kl_clip=kl_clip,
+            forget_start=forget_start,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -158,6 +165,7 @@ class NoisyAdam(VariationalOptimizer):
         check.betas("betas", group["betas"])
         nng.check_prior(group)
         check_kl_clip(group)
+        check_forget_start(group)
 
     @staticmethod
     def intrinsic_damping(group: dict[str, Any]) -> float:
@@ -182,6 +190,9 @@ class NoisyAdam(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
+        # β₂, or 1 − ρₑ while f₀ is forgotten (ngvi.optim.forgetting)
+        start, prior = self.initial_fisher(group), self.intrinsic_damping(group)
+        beta2 = start_decay(beta2, step_of(states), group, start, prior)
         return F.run_core(
             F.noisy_adam_update_,
             means,

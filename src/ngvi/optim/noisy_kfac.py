@@ -86,6 +86,8 @@ class NoisyKFAC(KroneckerFamily):
         kl_clip: the trust region κ on the natural step (:mod:`ngvi.optim.kronecker`): ``"auto"`` (10⁻²
             unless ``init_prec=None``), a number, or None (off).
         likelihood: as for :class:`~ngvi.optim.vogn.VOGN`.
+        forget_start: ``None`` (default: the factors' constant β), or ``"auto"``/a number: an early factor
+            weight (3·10⁻³) until the start F₀ is 1% of γ_in (:mod:`ngvi.optim.forgetting`, issue 44).
         prior_prec: the prior's precision 1/η, the name every ngvi optimizer accepts (give one of the two).
         noise_prec: as for :class:`~ngvi.optim.vogn.VOGN`.
         loss_reduction: as for :class:`~ngvi.optim.vogn.VOGN`.
@@ -119,6 +121,7 @@ class NoisyKFAC(KroneckerFamily):
         *,
         init_prec: float | str | None = DEFAULTS["init_prec"],
         kl_clip: float | str | None = DEFAULTS["kl_clip"],
+        forget_start: float | str | None = None,
         likelihood: str | Likelihood | None = None,
         prior_prec: float | None = None,
         noise_prec: float = 1.0,
@@ -139,6 +142,7 @@ class NoisyKFAC(KroneckerFamily):
             data_size=data_size, lr=lr, beta=beta, momentum=momentum,
             prior_var=check.prior_var(prior_var, prior_prec), kl_weight=kl_weight, damping=damping,
             stats_every=stats_every, inv_every=inv_every, init_prec=init_prec, kl_clip=kl_clip,
+            forget_start=forget_start,
         )  # fmt: skip
         super().__init__(estimator, hyper, mc_samples=mc_samples, sampling=sampling, **engine_kwargs)
 

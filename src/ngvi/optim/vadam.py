@@ -36,6 +36,8 @@ from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer, initial_curvature
 from .engine.prior import AUTO, initial_curvature_value
+from .forgetting import ForgetsStart, check_forget_start, early_rate_of, start_of, step_of
+from .forgetting import decay as start_decay
 
 #: the values of ``step_moment`` (Vadam, Vprop)
 STEP_MOMENTS = ("debiased", "paper")
@@ -60,6 +62,29 @@ def decayed_start_shift(group: dict[str, Any], states: list[dict[str, Any]]) -> 
     if len(weights) == 1:  # tensors that stepped together share w: one number (the same float in each)
         return group["prior_prec"] + n * s0 * weights.pop()
     return [group["prior_prec"] + n * s0 * st["start_weight"] for st in states]
+
+
+def forgets_start(group: dict[str, Any]) -> bool:
+    """Whether the second moment's weights follow ``forget_start`` (:mod:`ngvi.optim.forgetting`): only with
+    ``step_moment="debiased"``, whose state keeps the start's weight w."""
+    return group["step_moment"] == "debiased" and early_rate_of(group) is not None
+
+
+def check_forget_start_of_moment(group: dict[str, Any]) -> None:
+    """``forget_start`` as :func:`~ngvi.optim.forgetting.check_forget_start`; a number needs the debiased
+    moment (eq. 92 divides the start itself)."""
+    check_forget_start(group)
+    rate = group.get("forget_start", AUTO)
+    if group["step_moment"] == "paper" and not (rate is None or (isinstance(rate, str) and rate == AUTO)):
+        raise ValueError("forget_start needs step_moment='debiased' (eq. 92 divides the start itself)")
+
+
+def scheduled_moment(decay: float, states: list[dict[str, Any]], group: dict[str, Any]) -> tuple[Any, Any]:
+    """(this step's decay, the step's bias corrections 1 − w) with ``forget_start``: w = Π decayₖ is the
+    start's weight after this step, so 1 − w is the data's total weight in v (Adam's 1 − γ₂ᵗ for a
+    constant decay)."""
+    now = start_decay(decay, step_of(states), group, *start_of(group))
+    return now, [1.0 - st["start_weight"] * now for st in states]
 
 
 def init_second_moment(group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
@@ -87,7 +112,7 @@ def decay_start_(states: list[dict[str, Any]], decay: float) -> None:
             st["start_weight"] *= decay
 
 
-class Vadam(VariationalOptimizer):
+class Vadam(ForgetsStart, VariationalOptimizer):
     """Variational Adam. Posterior precision 1/σ² = N·s + λ.
 
     Args:
@@ -102,6 +127,9 @@ class Vadam(VariationalOptimizer):
         step_moment: ``"debiased"`` (default: Adam's bias-corrected second moment, so s₀ sets only σ) or
             ``"paper"`` (eq. 92 divides s₀ too); see the module docstring.
         curvature: the estimator of ĥ: ``"grad2"`` (ĝ², the paper's; the only one Vadam takes).
+        forget_start: the early weight 1 − γ₂ (:mod:`ngvi.optim.forgetting`; debiased moment only): None
+            (default: the constant γ₂), ``"auto"`` (3·10⁻³ until N·s₀ is 1% of λ, with
+            ``init_prec="auto"``), or a number.
         **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
             ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
             ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
@@ -127,6 +155,7 @@ class Vadam(VariationalOptimizer):
         *,
         step_moment: str = "debiased",
         curvature: str | CurvatureEstimator = "grad2",
+        forget_start: float | str | None = None,
         **engine_kwargs: Any,
     ):
         defaults = dict(
@@ -136,6 +165,7 @@ class Vadam(VariationalOptimizer):
             prior_prec=prior_prec,
             init_prec=init_prec,
             step_moment=step_moment,
+            forget_start=forget_start,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -143,6 +173,7 @@ class Vadam(VariationalOptimizer):
         check.prior_group(group)
         check.betas("betas", group["betas"])
         check.choice("step_moment", group["step_moment"], STEP_MOMENTS)
+        check_forget_start_of_moment(group)
 
     def _init_state(self, group, p, state):
         state["exp_avg"] = torch.zeros_like(p)
@@ -153,6 +184,10 @@ class Vadam(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
+        if forgets_start(group):
+            beta2, bias2 = scheduled_moment(beta2, states, group)
+        else:
+            bias2 = F.bias_corrections(beta2, states)
         F.run_core(
             F.vadam_update_,
             means,
@@ -165,7 +200,7 @@ class Vadam(VariationalOptimizer):
             beta2=beta2,
             prior_tilde=group["prior_prec"] / group["data_size"],
             bias1=F.bias_corrections(beta1, states),
-            bias2=F.bias_corrections(beta2, states),
+            bias2=bias2,
             compile=self.compile,
         )
         decay_start_(states, beta2)

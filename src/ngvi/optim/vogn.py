@@ -49,6 +49,7 @@ from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
 from .engine.prior import AUTO, kl_clip_of
+from .forgetting import start_of, step_of, update_weight
 from .von import VON
 
 
@@ -73,8 +74,9 @@ class VOGN(VON):
         loss_reduction: ``"mean"`` (the closure returns (1/M)Σᵢfᵢ) or ``"sum"`` (Σᵢfᵢ; ĝ is then divided
             by M).
         chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
-        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² with ``init_prec="auto"``, off with
-            a start of your own), a number, or None (off); as VON's.
+        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² unless ``init_prec=None``), a number, or
+            None (off); as VON's.
+        forget_start: the early curvature step, as VON's (:mod:`ngvi.optim.forgetting`).
         **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
             ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
             ``noise_dtype``, ``rank_noise``, ``compile``, ``fp32_state``, ``finite_check``, ``flat``):
@@ -107,6 +109,7 @@ class VOGN(VON):
         loss_reduction: str = "mean",
         chunk_bytes: int = 64 * 2**20,
         kl_clip: float | str | None = AUTO,
+        forget_start: float | str | None = None,
         **engine_kwargs: Any,
     ):
         estimator = PerExampleGGN(
@@ -128,6 +131,7 @@ class VOGN(VON):
             estimator,
             momentum=momentum,
             kl_clip=kl_clip,
+            forget_start=forget_start,
             **engine_kwargs,
         )
 
@@ -192,7 +196,7 @@ class VOGN(VON):
             self._scratch_for(states),
             [self._momentum_buffer(st) for st in states] if momentum else None,  # μ_t − μ_{t−1}
             lr=group["lr"],
-            beta=group["beta"],
+            beta=update_weight(group["beta"], step_of(states), group, *start_of(group)),
             momentum=momentum,
             prior_tilde=group["prior_prec"] / group["data_size"],
             kl_clip=kl_clip_of(group),

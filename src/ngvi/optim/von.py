@@ -44,9 +44,10 @@ from ..curvature.estimators import CurvatureEstimator, estimator_for
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer, initial_curvature
 from .engine.prior import AUTO, check_kl_clip, kl_clip_of
+from .forgetting import ForgetsStart, check_forget_start, start_of, step_of, update_weight
 
 
-class VON(VariationalOptimizer):
+class VON(ForgetsStart, VariationalOptimizer):
     """Variational online-Newton with a Price or Hutchinson diagonal Hessian. Precision = N(s + λ̃).
 
     Args:
@@ -60,7 +61,10 @@ class VON(VariationalOptimizer):
         curvature: ``"price"`` (default) or ``"hutchinson"`` (:mod:`ngvi.curvature.estimators`).
         momentum: γ of the natural momentum (eq. 18); 0 gives eqs. 7–8.
         kl_clip: the trust region κ on the natural step (:func:`ngvi.optim.functional.trust_region`):
-            ``"auto"`` (10⁻² with ``init_prec="auto"``, off with a start of your own), a number, or None.
+            ``"auto"`` (10⁻² unless ``init_prec=None``), a number, or None (off).
+        forget_start: the early curvature step (:mod:`ngvi.optim.forgetting`): None (default: the constant
+            β of eq. 8, which forgets s₀ as e^{−βt}), ``"auto"`` (3·10⁻³ until N·s₀ is 1% of λ, with
+            ``init_prec="auto"``), or a number.
         hessian: the old name of ``curvature`` (deprecated).
         **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
             ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,
@@ -89,6 +93,7 @@ class VON(VariationalOptimizer):
         *,
         momentum: float = 0.5,
         kl_clip: float | str | None = AUTO,
+        forget_start: float | str | None = None,
         hessian: str | None = None,
         _extra_defaults: dict[str, Any] | None = None,
         **engine_kwargs: Any,
@@ -105,6 +110,7 @@ class VON(VariationalOptimizer):
             prior_prec=prior_prec,
             init_prec=init_prec,
             kl_clip=kl_clip,
+            forget_start=forget_start,
         )
         defaults.update(_extra_defaults or {})
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=estimator, **engine_kwargs)
@@ -119,6 +125,7 @@ class VON(VariationalOptimizer):
         check.unit_interval("beta", group["beta"], closed_high=True)
         check.unit_interval("momentum", group["momentum"])
         check_kl_clip(group)
+        check_forget_start(group)
 
     def _init_state(self, group, p, state):
         state["hess"] = initial_curvature(group, p)
@@ -140,7 +147,7 @@ class VON(VariationalOptimizer):
             [st["hess"] for st in states],
             [self._momentum_buffer(st) for st in states] if momentum else None,  # μ_t − μ_{t−1}
             lr=group["lr"],
-            beta=group["beta"],
+            beta=update_weight(group["beta"], step_of(states), group, *start_of(group)),
             prior_tilde=group["prior_prec"] / group["data_size"],
             momentum=momentum,
             kl_clip=kl_clip_of(group),

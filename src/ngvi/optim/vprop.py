@@ -36,10 +36,19 @@ from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO
-from .vadam import STEP_MOMENTS, decay_start_, init_second_moment, second_moment_precision
+from .forgetting import ForgetsStart
+from .vadam import (
+    STEP_MOMENTS,
+    check_forget_start_of_moment,
+    decay_start_,
+    forgets_start,
+    init_second_moment,
+    scheduled_moment,
+    second_moment_precision,
+)
 
 
-class Vprop(VariationalOptimizer):
+class Vprop(ForgetsStart, VariationalOptimizer):
     """Variational RMSprop. Posterior precision 1/σ² = N·s + λ.
 
     Args:
@@ -52,6 +61,8 @@ class Vprop(VariationalOptimizer):
         mc_samples: posterior samples per step.
         step_moment: ``"debiased"`` (default) or ``"paper"``.
         curvature: the estimator of ĥ: ``"grad2"`` (ĝ², the paper's; the only one Vprop takes).
+        forget_start: the early curvature step (:mod:`ngvi.optim.forgetting`): ``"auto"`` (default: 3·10⁻³
+            until N·s₀ is 1% of λ, with ``init_prec="auto"``; else None), a number, or None (the constant β).
         **engine_kwargs: as for every ngvi optimizer (:class:`~ngvi.VariationalOptimizer`); ``noise``
             defaults to ``"antithetic"`` here.
 
@@ -77,6 +88,7 @@ class Vprop(VariationalOptimizer):
         *,
         step_moment: str = "debiased",
         curvature: str | CurvatureEstimator = "grad2",
+        forget_start: float | str | None = AUTO,
         **engine_kwargs: Any,
     ):
         defaults = dict(
@@ -86,6 +98,7 @@ class Vprop(VariationalOptimizer):
             prior_prec=prior_prec,
             init_prec=init_prec,
             step_moment=step_moment,
+            forget_start=forget_start,
         )
         super().__init__(params, defaults, mc_samples=mc_samples, curvature=curvature, **engine_kwargs)
 
@@ -99,6 +112,7 @@ class Vprop(VariationalOptimizer):
                 f"the decay here): pass beta={1 - group['beta']:.3g}"
             )
         check.choice("step_moment", group["step_moment"], STEP_MOMENTS)
+        check_forget_start_of_moment(group)
 
     def _init_state(self, group, p, state):
         init_second_moment(group, p, state)
@@ -108,6 +122,11 @@ class Vprop(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         debiased = group["step_moment"] == "debiased"
+        decay = 1 - group["beta"]
+        if forgets_start(group):
+            decay, bias = scheduled_moment(decay, states, group)
+        else:
+            bias = F.bias_corrections(decay, states) if debiased else None
         F.run_core(
             F.vprop_update_,
             means,
@@ -115,9 +134,9 @@ class Vprop(VariationalOptimizer):
             curvs,
             [st["exp_avg_sq"] for st in states],
             lr=group["lr"],
-            beta=group["beta"],
+            beta=1 - decay if forgets_start(group) else group["beta"],
             prior_tilde=group["prior_prec"] / group["data_size"],
-            bias=F.bias_corrections(1 - group["beta"], states) if debiased else None,
+            bias=bias,
             compile=self.compile,
         )
-        decay_start_(states, 1 - group["beta"])
+        decay_start_(states, decay)

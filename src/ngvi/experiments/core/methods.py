@@ -25,6 +25,9 @@ from ngvi.optim.engine.options import NAMES as ENGINE_OPTIONS
 #: protocols were recorded: built here without it unless an experiment asks (the calibration study of the
 #: defaults does), so a rerun reproduces the committed results
 RECORDED_WITHOUT_REGION = frozenset({"VON", "VOGN", "IVON", "NoisyAdam", "VadaGrad"})
+#: the same for ``forget_start`` (issue 44: the early curvature weight that forgets ngvi's start): built
+#: without it unless an experiment asks (``ngvi demo`` does), so the committed results stay reproducible
+RECORDED_WITHOUT_FORGETTING = frozenset({"Vadam", "Vprop", "VON", "VOGN", "IVON", "NoisyAdam"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class Method:
                 options["engine"] = {**options.get("engine", {}), **engine}
         if cls.__name__ in RECORDED_WITHOUT_REGION:
             options.setdefault("kl_clip", None)
+        if cls.__name__ in RECORDED_WITHOUT_FORGETTING:
+            options.setdefault("forget_start", None)
         return cls(params, data_size=data_size, **{**options, **fixed})
 
 

@@ -74,8 +74,8 @@ class VOGN(VON):
         loss_reduction: ``"mean"`` (the closure returns (1/M)Σᵢfᵢ) or ``"sum"`` (Σᵢfᵢ; ĝ is then divided
             by M).
         chunk_bytes: memory bound for per-example gradients of conv layers and layers used twice.
-        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² unless ``init_prec=None``), a number, or
-            None (off); as VON's.
+        kl_clip: the trust region κ on the natural step: ``"auto"`` (10⁻² unless ``init_prec=None``), a
+            number, or None (off); as VON's.
         forget_start: the early curvature step, as VON's (:mod:`ngvi.optim.forgetting`).
         **engine_kwargs: the options of every ngvi optimizer: ``seed``, ``skip_nonfinite``,
             ``empirical_bayes`` and ``engine`` (an :class:`~ngvi.EngineOptions` or a dict: ``noise``,

@@ -34,9 +34,10 @@ from typing import Any
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO
-from .vadam import STEP_MOMENTS, decay_start_, init_second_moment, second_moment_precision
+from .vadam import STEP_MOMENTS, decay_start_, init_second_moment, prior_tilde, second_moment_precision
 
 
 class Vprop(VariationalOptimizer):
@@ -48,6 +49,8 @@ class Vprop(VariationalOptimizer):
         mc_samples: posterior samples per step.  step_moment: ``"debiased"`` (default) or ``"paper"``.
         **engine_kwargs: as for every ngvi optimizer; ``noise`` defaults to ``"antithetic"`` here.
     """
+
+    takes_posterior_prior = True  # set_prior (:mod:`.engine.posterior_prior`)
 
     elementwise = True
     curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
@@ -98,15 +101,16 @@ class Vprop(VariationalOptimizer):
 
     def _update(self, group, means, grads, curvs, states):
         debiased = group["step_moment"] == "debiased"
+        tilde = prior_tilde(group, states)
         F.run_core(
             F.vprop_update_,
             means,
-            grads,
+            pp.pulled(states, grads, tilde),
             curvs,
             [st["exp_avg_sq"] for st in states],
             lr=group["lr"],
             beta=group["beta"],
-            prior_tilde=group["prior_prec"] / group["data_size"],
+            prior_tilde=tilde,
             bias=F.bias_corrections(1 - group["beta"], states) if debiased else None,
             compile=self.compile,
         )

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "vime": "vime",
     "charlm": "charlm",
     "calibration": "calibration",
+    "continual": "continual",
 }
 
 

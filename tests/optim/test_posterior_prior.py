@@ -265,3 +265,16 @@ def test_a_state_dict_and_a_saved_file_round_trip_the_prior(tmp_path):
         opt2.step(lambda: closure(twin, opt2))
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_state_dict_with_a_broken_prior_is_refused():
+    _, opt = _model_and_opt()
+    opt.set_prior(opt.posterior())
+    saved = opt.state_dict()
+    bad = {**saved, "state": {k: dict(v) for k, v in saved["state"].items()}}
+    bad["state"][0]["prior_prec"] = -bad["state"][0]["prior_prec"]
+    with pytest.raises(ValueError, match=r"'prior_prec' of .* must be positive"):
+        opt.load_state_dict(bad)
+    bad["state"][0]["prior_prec"] = torch.ones(2, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"'prior_prec' .* has shape \(2, 2\)"):
+        opt.load_state_dict(bad)

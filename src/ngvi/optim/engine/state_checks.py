@@ -295,3 +295,5 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
             )
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} holds NaN or Inf values")
+        if key == "prior_prec" and not bool((value > 0).all()):  # a posterior prior's precision (set_prior)
+            raise ValueError(f"{name}.load_state_dict: state 'prior_prec' of {where} must be positive")

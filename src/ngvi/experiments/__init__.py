@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "charlm": "charlm",
     "calibration": "calibration",
     "continual": "continual",
+    "merging": "merging",
 }
 
 

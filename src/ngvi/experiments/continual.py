@@ -407,14 +407,17 @@ def plot(done: dict[str, dict[str, list[dict[str, Any]]]], path) -> None:
             avg = 100 * np.array([r["average"] for r in results])
             ts = np.arange(1, avg.shape[1] + 1)
             style = "--" if key.endswith("coreset") else "-"
-            ax.plot(ts, avg.mean(0), style, marker="o", ms=3, label=_label(key))
+            color = f"C{ARMS.index(key.partition('+')[0])}"  # one colour per arm, dashed with a coreset
+            ax.plot(ts, avg.mean(0), style, color=color, marker="o", ms=3, label=_label(key))
             if len(results) > 1:
                 se = avg.std(0, ddof=1) / np.sqrt(len(results))
-                ax.fill_between(ts, avg.mean(0) - se, avg.mean(0) + se, alpha=0.2, lw=0)
+                ax.fill_between(ts, avg.mean(0) - se, avg.mean(0) + se, color=color, alpha=0.15, lw=0)
+            ax.set_xticks(ts)
         for name, value in PUBLISHED[bench].items():
             if name.startswith("VCL"):
                 ax.axhline(value, color="0.6", lw=0.8, ls=":" if "coreset" in name else "-.")
-        ax.set_title(f"{bench} MNIST (grey: VCL published{', coreset dotted'})", fontsize=9)
+        title = f"{bench} MNIST; dashed: with coreset\n(grey: VCL published, dotted its coreset run)"
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("tasks seen", fontsize=8)
         ax.set_ylabel("average test accuracy [%]", fontsize=8)
         ax.tick_params(labelsize=7)

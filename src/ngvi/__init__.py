@@ -20,6 +20,7 @@ from ._version import __version__ as __version__
 from .artefacts import PosteriorSampler, load_posterior, posterior_of, save_posterior
 from .calibrate import Calibration, calibrate
 from .evaluation import evaluate_classifier
+from .merge import merge
 from .optim import (
     IVON,
     VOGN,
@@ -85,6 +86,7 @@ __all__ = [
     "curvature",
     "evaluate_classifier",
     "load_posterior",
+    "merge",
     "metrics",
     "posterior_of",
     "predict",

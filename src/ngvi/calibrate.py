@@ -32,7 +32,8 @@ learned directly) get a posterior temperature T instead, covariance × T, fitted
 (:mod:`ngvi.calibrate_temperature`, issue 44). A fit at an end of the values searched warns.
 
 Refused, with the optimizer left as it was: VadaGrad (no prior), point estimates and ensembles (no posterior
-to widen), an empty ``val_data``, a model whose parameters are not the optimizer's, and a sample left open.
+to widen), an empty ``val_data``, a model whose parameters are not the optimizer's, a sample left open, and
+an optimizer trained under a posterior prior (``set_prior``: its precision is per weight, not one λ).
 ``fit_prior=False`` fits only the regression noise and works for every trainer :func:`ngvi.predict` takes.
 """
 
@@ -347,6 +348,12 @@ class _PriorSearch:
 
 def prior_key(opt: Any) -> PriorKey:
     """Where ``opt`` keeps λ, or a TypeError that says why λ cannot be fitted for it and what to use."""
+    if any("prior_prec" in st for st in getattr(opt, "state", {}).values()):
+        raise TypeError(
+            f"calibrate: {type(opt).__name__} trains under a posterior prior (set_prior), whose precision is "
+            "per weight, not one λ to fit; calibrate(..., fit_prior=False) still fits a regression's noise "
+            "scale, or call opt.set_prior(None) first to calibrate a scalar prior"
+        )
     for classes, key in PRIOR_KEYS:
         if isinstance(opt, classes):
             return key

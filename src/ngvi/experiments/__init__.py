@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "vime": "vime",
     "charlm": "charlm",
     "calibration": "calibration",
+    "continual": "continual",
+    "merging": "merging",
 }
 
 

@@ -30,6 +30,7 @@ import torch
 
 from .. import _validation as check
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.optimizer import VariationalOptimizer
 
 
@@ -56,6 +57,8 @@ class BAdam(VariationalOptimizer):
         ValueError: a hyperparameter out of its range, or ``mc_samples`` other than 1 (use Vadam for sampled
             gradients); the message names it.
     """
+
+    _takes_posterior_prior = True  # set_prior (:mod:`.engine.posterior_prior`)
 
     elementwise = True
     _curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
@@ -100,24 +103,25 @@ class BAdam(VariationalOptimizer):
                 bias2=[1 - group["betas"][1] ** st["step"] if st["step"] else 1.0 for st in states],
                 eps=group["eps"],
                 data_size=float(group["data_size"]),
-                prior_prec=group["prior_prec"],
+                prior_prec=pp.shifted(states, group["prior_prec"], 1.0, group["prior_prec"]),
             ),
         )
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
-        prior_tilde = group["prior_prec"] / group["data_size"]
+        n = group["data_size"]
+        prior_tilde = pp.shifted(states, group["prior_prec"] / n, 1 / n, group["prior_prec"])
         F.run_core(
             F.badam_update_,
             means,
-            grads,
+            pp.pulled(states, grads, prior_tilde),
             [st["exp_avg"] for st in states],
             [st["exp_avg_sq"] for st in states],
             lr=group["lr"],
             beta1=beta1,
             beta2=beta2,
             eps=group["eps"],
-            prior_tilde=prior_tilde if prior_tilde else None,  # λ = 0: g = ĝ
+            prior_tilde=prior_tilde if pp.has_prior(states) or prior_tilde else None,  # λ = 0: g = ĝ
             bias1=F.bias_corrections(beta1, states),
             bias2=F.bias_corrections(beta2, states),
             compile=self.compile,

@@ -21,6 +21,7 @@ import torch
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO, check_kl_clip, kl_clip_of
 from .forgetting import ForgetsStart, check_forget_start, step_of
@@ -61,6 +62,8 @@ class IVON(ForgetsStart, VariationalOptimizer):
     Raises:
         ValueError: a hyperparameter out of its range or of the wrong type; the message names it.
     """
+
+    _takes_posterior_prior = True  # set_prior (:mod:`.engine.posterior_prior`)
 
     elementwise = True
     _curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
@@ -118,28 +121,35 @@ class IVON(ForgetsStart, VariationalOptimizer):
         state["momentum"] = torch.zeros_like(p)
         state["hess"] = torch.full_like(p, float(group["hess_init"]))
 
+    @staticmethod
+    def _decay(group: dict[str, Any], states: list[dict[str, Any]]) -> Any:
+        """δ = λ/N, or Λ₀/N per weight under a posterior prior (:mod:`.engine.posterior_prior`)."""
+        n, delta = group["data_size"], group["weight_decay"]
+        return pp.shifted(states, delta, 1 / n, delta * n)
+
     def _precision_core(self, group, states):
         return (
             F.shifted_precision,
             ([st["hess"] for st in states],),
-            dict(shift=group["weight_decay"], scale=float(group["data_size"])),
+            dict(shift=self._decay(group, states), scale=float(group["data_size"])),
         )
 
     def _update(self, group, means, grads, curvs, states):
         beta1, beta2 = group["betas"]
         # β₂, or 1 − ρₑ while h₀ is forgotten (ngvi.optim.forgetting)
         beta2 = start_decay(beta2, step_of(states), group, group["hess_init"], group["weight_decay"])
+        decay = self._decay(group, states)
         return F.run_core(
             F.ivon_update_,
             means,
-            grads,
+            pp.pulled(states, grads, decay),
             curvs,
             [st["momentum"] for st in states],
             [st["hess"] for st in states],
             lr=group["lr"],
             beta1=beta1,
             beta2=beta2,
-            weight_decay=group["weight_decay"],
+            weight_decay=decay,
             bias1=F.bias_corrections(beta1, states),
             clip_radius=group["clip_radius"] if math.isfinite(group["clip_radius"]) else None,
             kl_clip=kl_clip_of(group),

@@ -32,8 +32,9 @@ from .._tensorlist import TensorList
 from ..curvature.full_fisher import PerExampleOuterProducts
 from ..curvature.kfac import damped_inverses
 from ..curvature.likelihoods import Likelihood
-from ..posterior import FullGaussian, flatten, unflatten
+from ..posterior import DiagonalGaussian, FullGaussian, as_full, flatten, unflatten
 from . import _nng_prior as nng
+from .engine import posterior_prior as pp
 from .kronecker import DEFAULTS, KroneckerFamily
 
 __all__ = ["NNGFull"]
@@ -77,6 +78,7 @@ class NNGFull(KroneckerFamily):
 
     #: its own update (the joint posterior's factorisations) is not reviewed for the device path's mask
     _maskable_update = False
+    _takes_posterior_prior = True  # a dense one: :meth:`set_prior`
 
     def __init__(
         self,
@@ -134,10 +136,52 @@ class NNGFull(KroneckerFamily):
         state.update(self._inverses(group, state["fisher"]))
 
     def _optional_state_shapes(self, p: Tensor) -> dict[str, tuple[int, ...]]:
-        return {"momentum_buffer": (self.num_weights,)}
+        d = self.num_weights
+        return {"momentum_buffer": (d,), "prior_mean": (d,), "prior_prec": (d, d)}
 
-    def _inverses(self, group: dict[str, Any], fisher: Tensor) -> dict[str, Tensor]:
-        """B with BBᵀ = (F̄ + γ_in I)⁻¹ and (F̄ + γ I)⁻¹."""
+    @torch.no_grad()
+    def set_prior(self, prior: Any, model: Any = None) -> None:
+        r"""Train on under ``prior`` = N(m₀, P₀⁻¹) (a posterior of any family, made dense, or a saved file)
+        instead of N(0, ηI); ``None`` goes back to it. In eqs. 9–10 the prior's γ_in I = (κ/N)I/η becomes
+        Γ = (κ/N)P₀ and γ_in μ becomes Γ(μ − m₀): the posterior precision is (N/κ)F̄ + P₀, and with the exact
+        Fisher of a linear-Gaussian model the fixed point is the exact posterior under that prior, so task
+        after task it is the joint posterior of all the tasks (tests/optim/test_posterior_prior.py). The
+        factorisation is then an eigendecomposition of F̄ + Γ (one serves both damped matrices)."""
+        group = self.param_groups[0]
+        st = self.state_of(group, self._carrier(group))
+        if prior is None:
+            for key in pp.PRIOR_STATE:
+                st.pop(key, None)
+            st.update(self._inverses(group, st["fisher"]))
+            return
+        prior = pp.resolve(prior, model)
+        pp.refuse_options(self)
+        params = self.trainable(group)
+        pp.check_shapes(type(self).__name__, prior.mean, params)
+        pp.check_names(self, prior, model, params)
+        if prior.point:
+            raise ValueError("NNGFull.set_prior: the prior has point estimates (variance 0)")
+        if isinstance(prior, DiagonalGaussian):
+            prec = torch.diag(flatten([v.double() for v in prior.variance]).reciprocal())
+        else:
+            prec = torch.linalg.inv(as_full(prior).covariance.double())
+        fisher = st["fisher"]
+        st["prior_mean"] = flatten([m.detach() for m in prior.mean]).to(fisher.device, fisher.dtype)
+        st["prior_prec"] = (0.5 * (prec + prec.mT)).to(fisher.device, fisher.dtype)
+        st.update(self._inverses(group, fisher, st))
+
+    def _inverses(
+        self, group: dict[str, Any], fisher: Tensor, state: dict[str, Any] | None = None
+    ) -> dict[str, Tensor]:
+        """B with BBᵀ = (F̄ + γ_in I)⁻¹ and (F̄ + γ I)⁻¹; under a posterior prior F̄ + Γ in place of
+        F̄ + γ_in I (:meth:`set_prior`)."""
+        if state is not None and "prior_prec" in state:
+            gamma = state["prior_prec"] * (group["kl_weight"] / group["data_size"])
+            values, vectors = torch.linalg.eigh(fisher + gamma)
+            values = values.clamp_min(torch.finfo(values.dtype).tiny)
+            root = vectors * values.rsqrt()
+            inverse = (vectors / (values + group["damping"])) @ vectors.mT
+            return {"root": root, "inverse": inverse}
         gamma_in = self.intrinsic_damping(group)
         c_in = fisher.new_full((1,), gamma_in)
         c = fisher.new_full((1,), gamma_in + group["damping"])
@@ -176,9 +220,13 @@ class NNGFull(KroneckerFamily):
             fisher = fisher.lerp(curvs[0].view_as(fisher), self._factor_step(group, count))  # (9)
             new.update(fisher=fisher, fisher_updates=count)
         if self._inverting(group):
-            new.update(self._inverses(group, fisher))
+            new.update(self._inverses(group, fisher, st))
         inverse = new.get("inverse", st["inverse"])
-        v = flatten(list(grads)).add_(flatten(list(means)), alpha=self.intrinsic_damping(group))
+        if "prior_prec" in st:  # ĝ + Γ(μ − m₀), Γ = (κ/N)P₀ (set_prior)
+            gamma = st["prior_prec"] * (group["kl_weight"] / group["data_size"])
+            v = flatten(list(grads)).add_(gamma @ (flatten(list(means)) - st["prior_mean"]))
+        else:
+            v = flatten(list(grads)).add_(flatten(list(means)), alpha=self.intrinsic_damping(group))
         step = inverse @ v  # (10): (F̄ + γI)⁻¹ (ĝ + γ_in μ)
         if self._kl_clip(group) is not None:  # the family's trust region (kronecker.py)
             step = step * self._trust_region(group, [step], [v]).to(step.dtype)

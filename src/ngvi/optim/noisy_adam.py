@@ -48,6 +48,7 @@ from ..curvature.layer import TARGETS, PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import _nng_prior as nng
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO, check_kl_clip, kl_clip_of
 from .forgetting import ForgetsStart, check_forget_start, step_of
@@ -88,6 +89,8 @@ class NoisyAdam(ForgetsStart, VariationalOptimizer):
         ValueError: a hyperparameter out of its range, or a trainable parameter outside the supported
             layers; the message names it.
     """
+
+    _takes_posterior_prior = True  # set_prior (:mod:`.engine.posterior_prior`)
 
     elementwise = True
     _curvature_state = "fisher"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
@@ -181,11 +184,16 @@ class NoisyAdam(ForgetsStart, VariationalOptimizer):
         state["exp_avg"] = torch.zeros_like(p)
         state["fisher"] = torch.full_like(p, self.initial_fisher(group))
 
+    def _gamma_in(self, group: dict[str, Any], states: list[dict[str, Any]]) -> Any:
+        """γ_in = κ/(Nη), or κΛ₀/N per weight under a posterior prior (:mod:`.engine.posterior_prior`)."""
+        scale = group["kl_weight"] / group["data_size"]
+        return pp.shifted(states, self.intrinsic_damping(group), scale, 1 / group["prior_var"])
+
     def _precision_core(self, group, states):
         return (
             F.shifted_precision,
             ([st["fisher"] for st in states],),
-            dict(shift=self.intrinsic_damping(group), scale=group["data_size"] / group["kl_weight"]),
+            dict(shift=self._gamma_in(group, states), scale=group["data_size"] / group["kl_weight"]),
         )
 
     def _update(self, group, means, grads, curvs, states):
@@ -193,17 +201,18 @@ class NoisyAdam(ForgetsStart, VariationalOptimizer):
         # β₂, or 1 − ρₑ while f₀ is forgotten (ngvi.optim.forgetting)
         start, prior = self.initial_fisher(group), self.intrinsic_damping(group)
         beta2 = start_decay(beta2, step_of(states), group, start, prior)
+        gamma_in = self._gamma_in(group, states)
         return F.run_core(
             F.noisy_adam_update_,
             means,
-            grads,
+            pp.pulled(states, grads, gamma_in),
             curvs,
             [st["exp_avg"] for st in states],
             [st["fisher"] for st in states],
             lr=group["lr"],
             beta1=beta1,
             beta2=beta2,
-            gamma_in=self.intrinsic_damping(group),
+            gamma_in=gamma_in,
             damping=group["damping"],
             bias1=F.bias_corrections(beta1, states),
             kl_clip=kl_clip_of(group),

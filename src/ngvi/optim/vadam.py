@@ -34,6 +34,7 @@ from torch import Tensor
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.optimizer import VariationalOptimizer, initial_curvature
 from .engine.prior import AUTO, initial_curvature_value
 from .forgetting import ForgetsStart, check_forget_start, early_rate_of, start_of, step_of
@@ -101,7 +102,10 @@ def second_moment_precision(group: dict[str, Any], states: list[dict[str, Any]])
     return (
         F.scaled_precision,
         ([st["exp_avg_sq"] for st in states],),
-        dict(scale=float(group["data_size"]), shift=decayed_start_shift(group, states)),
+        dict(
+            scale=float(group["data_size"]),
+            shift=pp.shifted(states, decayed_start_shift(group, states), 1.0, group["prior_prec"]),
+        ),
     )
 
 
@@ -110,6 +114,12 @@ def decay_start_(states: list[dict[str, Any]], decay: float) -> None:
     for st in states:
         if "start_weight" in st:
             st["start_weight"] *= decay
+
+
+def prior_tilde(group: dict[str, Any], states: list[dict[str, Any]]) -> Any:
+    """λ̃ = λ/N, or Λ₀/N per weight under a posterior prior (:mod:`.engine.posterior_prior`)."""
+    n = group["data_size"]
+    return pp.shifted(states, group["prior_prec"] / n, 1 / n, group["prior_prec"])
 
 
 class Vadam(ForgetsStart, VariationalOptimizer):
@@ -142,6 +152,7 @@ class Vadam(ForgetsStart, VariationalOptimizer):
     elementwise = True
     _curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
     curvatures = ("grad2",)  # the estimators of ĥ this rule accepts (:mod:`ngvi.curvature`)
+    _takes_posterior_prior = True
 
     def __init__(
         self,
@@ -188,17 +199,18 @@ class Vadam(ForgetsStart, VariationalOptimizer):
             beta2, bias2 = scheduled_moment(beta2, states, group)
         else:
             bias2 = F.bias_corrections(beta2, states)
+        tilde = prior_tilde(group, states)
         F.run_core(
             F.vadam_update_,
             means,
-            grads,
+            pp.pulled(states, grads, tilde),
             curvs,
             [st["exp_avg"] for st in states],
             [st["exp_avg_sq"] for st in states],
             lr=group["lr"],
             beta1=beta1,
             beta2=beta2,
-            prior_tilde=group["prior_prec"] / group["data_size"],
+            prior_tilde=tilde,
             bias1=F.bias_corrections(beta1, states),
             bias2=bias2,
             compile=self.compile,

@@ -48,6 +48,7 @@ from .._tensorlist import TensorList
 from ..curvature.layer import PerExampleGGN
 from ..curvature.likelihoods import Likelihood
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.prior import AUTO, kl_clip_of
 from .forgetting import start_of, step_of, update_weight
 from .von import VON
@@ -163,9 +164,10 @@ class VOGN(VON):
     def _inv_std(self, group, states) -> list[torch.Tensor]:
         """1/√(s + λ̃) of each state: σ = that/√N."""
         inv_std = self._scratch_for(states)
-        prior_tilde = group["prior_prec"] / group["data_size"]
-        for buf, st in zip(inv_std, states, strict=True):
-            torch.add(st["hess"], prior_tilde, out=buf)
+        tilde = self._prior_tilde(group, states)
+        tildes = tilde if pp.has_prior(states) else [tilde] * len(states)
+        for buf, st, t in zip(inv_std, states, tildes, strict=True):
+            torch.add(st["hess"], t, out=buf)
         torch._foreach_rsqrt_(inv_std)
         return inv_std
 
@@ -187,10 +189,11 @@ class VOGN(VON):
     def _update(self, group, means, grads, curvs, states):
         # ``curvs`` is the engine's temporary for this step; once s has absorbed it, it holds s + λ̃.
         momentum = group["momentum"]
+        tilde = self._prior_tilde(group, states)
         return F.run_core(
             F.vogn_update_,
             means,
-            grads,
+            pp.pulled(states, grads, tilde),
             curvs,
             [st["hess"] for st in states],
             self._scratch_for(states),
@@ -198,7 +201,7 @@ class VOGN(VON):
             lr=group["lr"],
             beta=update_weight(group["beta"], step_of(states), group, *start_of(group)),
             momentum=momentum,
-            prior_tilde=group["prior_prec"] / group["data_size"],
+            prior_tilde=tilde,
             kl_clip=kl_clip_of(group),
             compile=self.compile,
         )

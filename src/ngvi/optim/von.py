@@ -42,6 +42,7 @@ import torch
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator, estimator_for
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.optimizer import VariationalOptimizer, initial_curvature
 from .engine.prior import AUTO, check_kl_clip, kl_clip_of
 from .forgetting import ForgetsStart, check_forget_start, start_of, step_of, update_weight
@@ -74,6 +75,8 @@ class VON(ForgetsStart, VariationalOptimizer):
     Raises:
         ValueError: a hyperparameter out of its range or of the wrong type; the message names it.
     """
+
+    _takes_posterior_prior = True  # set_prior (:mod:`.engine.posterior_prior`)
 
     elementwise = True
     _curvature_state = "hess"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
@@ -134,25 +137,32 @@ class VON(ForgetsStart, VariationalOptimizer):
         return (
             F.shifted_precision,
             ([st["hess"] for st in states],),
-            dict(shift=group["prior_prec"] / group["data_size"], scale=float(group["data_size"])),
+            dict(shift=self._prior_tilde(group, states), scale=float(group["data_size"])),
         )
 
     def _update(self, group, means, grads, curvs, states):
         momentum = group["momentum"]
+        tilde = self._prior_tilde(group, states)
         return F.run_core(
             F.von_update_,
             means,
-            grads,
+            pp.pulled(states, grads, tilde),
             curvs,
             [st["hess"] for st in states],
             [self._momentum_buffer(st) for st in states] if momentum else None,  # μ_t − μ_{t−1}
             lr=group["lr"],
             beta=update_weight(group["beta"], step_of(states), group, *start_of(group)),
-            prior_tilde=group["prior_prec"] / group["data_size"],
+            prior_tilde=tilde,
             momentum=momentum,
             kl_clip=kl_clip_of(group),
             compile=self.compile,
         )
+
+    @staticmethod
+    def _prior_tilde(group: dict[str, Any], states: list[dict[str, Any]]) -> Any:
+        """λ̃ = λ/N, or Λ₀/N per weight under a posterior prior (:mod:`.engine.posterior_prior`)."""
+        n = group["data_size"]
+        return pp.shifted(states, group["prior_prec"] / n, 1 / n, group["prior_prec"])
 
     @staticmethod
     def _momentum_buffer(state: dict[str, Any]) -> torch.Tensor:

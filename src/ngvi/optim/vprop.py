@@ -34,6 +34,7 @@ from typing import Any
 from .. import _validation as check
 from ..curvature.estimators import CurvatureEstimator
 from . import functional as F
+from .engine import posterior_prior as pp
 from .engine.optimizer import VariationalOptimizer
 from .engine.prior import AUTO
 from .forgetting import ForgetsStart
@@ -43,6 +44,7 @@ from .vadam import (
     decay_start_,
     forgets_start,
     init_second_moment,
+    prior_tilde,
     scheduled_moment,
     second_moment_precision,
 )
@@ -69,6 +71,8 @@ class Vprop(ForgetsStart, VariationalOptimizer):
     Raises:
         ValueError: a hyperparameter out of its range or of the wrong type; the message names it.
     """
+
+    _takes_posterior_prior = True  # set_prior (:mod:`.engine.posterior_prior`)
 
     elementwise = True
     _curvature_state = "exp_avg_sq"  # what ``diagnostics()`` watches move (:mod:`.diagnostics`)
@@ -127,15 +131,16 @@ class Vprop(ForgetsStart, VariationalOptimizer):
             decay, bias = scheduled_moment(decay, states, group)
         else:
             bias = F.bias_corrections(decay, states) if debiased else None
+        tilde = prior_tilde(group, states)
         F.run_core(
             F.vprop_update_,
             means,
-            grads,
+            pp.pulled(states, grads, tilde),
             curvs,
             [st["exp_avg_sq"] for st in states],
             lr=group["lr"],
             beta=1 - decay if forgets_start(group) else group["beta"],
-            prior_tilde=group["prior_prec"] / group["data_size"],
+            prior_tilde=tilde,
             bias=bias,
             compile=self.compile,
         )

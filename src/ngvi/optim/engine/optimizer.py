@@ -28,7 +28,7 @@ from ...curvature.estimators import CurvatureEstimator, estimator_for
 from ...posterior import DiagonalGaussian
 from .. import diagnostics as _diagnostics
 from . import empirical_bayes as _eb
-from . import flat, group_keys, mixed_precision, sample_guard, sharded, state_checks
+from . import flat, group_keys, mixed_precision, posterior_prior, sample_guard, sharded, state_checks
 from .accumulator import SampleAccumulator
 from .buffers import BufferGuard
 from .closure import closure_loss, run_backward
@@ -105,6 +105,8 @@ class VariationalOptimizer(Optimizer):
     _device_check_by_default: bool = True
     #: the noise of ``noise=None`` where no parameter is an FSDP2 shard
     _default_noise: str = "normal"
+    #: ``set_prior`` takes a mean-field posterior, read weight by weight by the rule (:mod:`.posterior_prior`)
+    _takes_posterior_prior: bool = False
 
     @classmethod
     def builds_from_model(cls, **options: Any) -> bool:
@@ -668,6 +670,17 @@ class VariationalOptimizer(Optimizer):
         raise NonFiniteGradientError(what + masked_note + dropped + advice)
 
     # -- the posterior -------------------------------------------------------------------------------------
+    def set_prior(self, prior: Any, model: Any = None) -> None:
+        """Train on under ``prior`` (a posterior, e.g. the last task's ``opt.posterior()``, or a saved
+        file) instead of the scalar N(0, I/λ); ``None`` goes back to the scalar prior. The KL term then
+        pulls towards the prior's mean with its per-weight precision (:mod:`.posterior_prior`)."""
+        if not self._takes_posterior_prior:
+            raise TypeError(
+                f"{type(self).__name__} does not take a posterior as its prior (yet); the diagonal rules "
+                "(Vadam, Vprop, VON, VOGN, IVON, NoisyAdam, BAdam) and NNGFull do"
+            )
+        posterior_prior.set_diagonal_prior(self, prior, model)
+
     def diagnostics(self) -> _diagnostics.Diagnostics:
         """Is the variance being learned? Moved precisions, σ and SNR quantiles (ngvi.optim.diagnostics)."""
         self.check_finite()

@@ -21,7 +21,7 @@ from . import chunked, flat, mixed_precision, sharded
 from .noise import NOISES, dtype_name
 
 #: state entries a rule creates only when an option needs them (heavy-ball buffers)
-OPTIONAL_STATE = frozenset({"momentum_buffer"})
+OPTIONAL_STATE = frozenset({"momentum_buffer", "prior_mean", "prior_prec"})
 _COUNTERS = ("seed", "num_steps", "skipped_steps", "num_draws")
 _DTYPE_NAMES = (None, *(dtype_name(d) for d in NOISE_DTYPES))
 
@@ -255,7 +255,8 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
         )
     expected: dict[str, Any] = {}
     mixed_precision.init_state(opt, group, p, expected)  # the rule's state (and a float32 master)
-    optional_shapes = getattr(opt, "_optional_state_shapes", lambda p: {"momentum_buffer": p.shape})(p)
+    optional_shapes = {"prior_mean": p.shape, "prior_prec": p.shape}  # a posterior prior (set_prior)
+    optional_shapes |= getattr(opt, "_optional_state_shapes", lambda p: {"momentum_buffer": p.shape})(p)
     required = set(expected) | {"step"}
     rule_state = bool(set(expected) - {"master"})  # a K-FAC layer keeps its state with its first parameter
     stepped = isinstance(entry.get("step"), int) and entry["step"] > 0
@@ -297,3 +298,5 @@ def _check_param_state(opt: Any, name: str, where: str, p: Tensor, group: dict[s
             )
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name}.load_state_dict: state {key!r} of {where} holds NaN or Inf values")
+        if key == "prior_prec" and not bool((value > 0).all()):  # a posterior prior's precision (set_prior)
+            raise ValueError(f"{name}.load_state_dict: state 'prior_prec' of {where} must be positive")

@@ -293,16 +293,19 @@ def vogn_update_(
     ``kl_clip`` = κ scales the natural step α(ĝ + λ̃μ)/(s_{t+1} + λ̃), before the momentum, by
     :func:`~.blocks.trust_region`'s ν (``None``: no trust region)."""
     mu, s, h_hat, step = TensorList(means), TensorList(hess), TensorList(curvs), TensorList(scratch)
+    # λ̃ of each tensor: one number, or one tensor per weight under a posterior prior (ngvi.optim.engine
+    # .posterior_prior, which hands a TensorList)
+    tildes = prior_tilde.tensors if isinstance(prior_tilde, TensorList) else [prior_tilde] * len(mu)
     if momentum_buffer is not None:
         buffers = TensorList(momentum_buffer)
-        for out, s_t in zip(step, s, strict=True):
-            _add_into(out, s_t, prior_tilde)  # s_t + λ̃
+        for out, s_t, lam in zip(step, s, tildes, strict=True):
+            _add_into(out, s_t, lam)  # s_t + λ̃
         buffers.mul_(step).mul_(momentum)
-    for out, g, m in zip(step, grads, mu, strict=True):
-        _add_into(out, g, m, alpha=prior_tilde)  # ĝ + λ̃μ
+    for out, g, m, lam in zip(step, grads, mu, tildes, strict=True):
+        _add_into(out, g, m, alpha=lam)  # ĝ + λ̃μ
     s.lerp_(h_hat, beta)  # (10)
-    for out, s_t in zip(h_hat, s, strict=True):
-        _add_into(out, s_t, prior_tilde)  # s_{t+1} + λ̃
+    for out, s_t, lam in zip(h_hat, s, tildes, strict=True):
+        _add_into(out, s_t, lam)  # s_{t+1} + λ̃
     if kl_clip is not None:
         scale_(step, (yield RegionTerm(sq_terms(step, h_hat), lr, kl_clip)))
     if momentum_buffer is None:

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
-from .calibrate_temperature import fit_temperature, temperature_key, warn_at_grid_end
+from .calibrate_temperature import TEMPERATURE_GRID, TemperatureKey, temperature_key, warn_at_grid_end
 from .evaluation import token_rows
 from .optim import IVON, VON, BAdam, NoisyAdam, VadaGrad, Vadam, Vprop
 from .optim.kronecker import KroneckerFamily
@@ -576,7 +576,7 @@ def calibrate(
 
 def _temperature_calibration(opt, objective, task, noise, grid, nll_before, noise_std, samples, points, seed):
     """:func:`calibrate` for a family with a temperature (:mod:`ngvi.calibrate_temperature`)."""
-    key, fitted, nll_after, noise_after, grid_t, grid_nll = fit_temperature(opt, objective, noise, grid)
+    key, fitted, nll_after, noise_after, grid_t, grid_nll = _fit_temperature(opt, objective, noise, grid)
     warn_at_grid_end("temperature T", fitted, grid_t, "the posterior's spread does not help the held-out NLL "
                      "there (T → 0: the mean network) or is far too narrow (T → ∞)")  # fmt: skip
     regression = task == "regression"
@@ -584,3 +584,36 @@ def _temperature_calibration(opt, objective, task, noise, grid, nll_before, nois
         task, None, (), noise_after if regression else None, noise_std if regression else None, nll_before,
         nll_after, grid_t, grid_nll, key.key, samples, points, seed, temperature=fitted,
     )  # fmt: skip
+
+
+def _fit_temperature(
+    opt: Any, objective: Any, noise_std: float | None, grid: Sequence[float] | None
+) -> tuple[TemperatureKey, float, float, float | None, tuple[float, ...], tuple[float, ...]]:
+    """(the key, the fitted T written into ``opt``, its NLL and σ, the grid's T sorted, their NLL), by the
+    search :func:`ngvi.calibrate` uses for λ (``objective``: its held-out NLL); ``opt`` unchanged on error."""
+    found = temperature_key(opt)
+    if found is None:
+        raise TypeError(f"calibrate: {type(opt).__name__} has no posterior temperature")
+    key = found
+
+    class _Search(_PriorSearch):
+        def write(self, log_t: float) -> None:
+            key.write(self.lam(log_t))
+
+        def add(self, values: Sequence[float]) -> list[float]:  # every T > 0 is feasible
+            new = {math.log(v): float(v) for v in sorted(set(values))}
+            new = {k: v for k, v in new.items() if k not in self.scores}
+            self.given.update(new)
+            for log_t in new:
+                self.nll(log_t)
+            return list(new)
+
+    search = _Search(opt, PriorKey(key.key, lambda t, g: t, lambda t, g: t), objective, noise_std)
+    try:
+        fitted, nll, noise, grid_t, grid_nll = search.run(
+            TEMPERATURE_GRID if grid is None else grid, (1.0,), extend=grid is None
+        )
+    except BaseException:
+        key.restore()
+        raise
+    return key, fitted, nll, noise, grid_t, grid_nll

@@ -116,37 +116,3 @@ def warn_at_grid_end(name: str, value: float, grid: Sequence[float], meaning: st
             PosteriorWarning,
             stacklevel=3,
         )
-
-
-def fit_temperature(
-    opt: Any, objective: Any, noise_std: float | None, grid: Sequence[float] | None
-) -> tuple[TemperatureKey, float, float, float | None, tuple[float, ...], tuple[float, ...]]:
-    """(the key, the fitted T written into ``opt``, its NLL and σ, the grid's T sorted, their NLL), by the
-    search :func:`ngvi.calibrate` uses for λ (``objective``: its held-out NLL); ``opt`` unchanged on error."""
-    from .calibrate import PriorKey, _PriorSearch  # the search machinery is calibrate's
-
-    key = temperature_key(opt)
-    if key is None:
-        raise TypeError(f"calibrate: {type(opt).__name__} has no posterior temperature")
-
-    class _Search(_PriorSearch):
-        def write(self, log_t: float) -> None:
-            key.write(self.lam(log_t))
-
-        def add(self, values: Sequence[float]) -> list[float]:  # every T > 0 is feasible
-            new = {math.log(v): float(v) for v in sorted(set(values))}
-            new = {k: v for k, v in new.items() if k not in self.scores}
-            self.given.update(new)
-            for log_t in new:
-                self.nll(log_t)
-            return list(new)
-
-    search = _Search(opt, PriorKey(key.key, lambda t, g: t, lambda t, g: t), objective, noise_std)
-    try:
-        fitted, nll, noise, grid_t, grid_nll = search.run(
-            TEMPERATURE_GRID if grid is None else grid, (1.0,), extend=grid is None
-        )
-    except BaseException:
-        key.restore()
-        raise
-    return key, fitted, nll, noise, grid_t, grid_nll

@@ -18,7 +18,7 @@ import torch
 import ngvi
 
 #: (files, functions) at most, per rule: the measured values of this commit
-CEILING = {"IVON": (24, 147), "Vadam": (24, 139)}
+CEILING = {"IVON": (26, 158), "Vadam": (26, 147)}
 
 
 def entered(opt, closure) -> set[tuple[str, str]]:

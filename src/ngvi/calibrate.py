@@ -104,7 +104,9 @@ class Calibration:
     ``noise_std_before``: the one given (None if none was). ``nll_before``: the held-out NLL at the λ before
     and ``noise_std_before`` (when none was given, at the σ fitted for the λ before); ``nll_after``: at the
     fitted values. ``grid`` and ``grid_nll``: the λ of the grid, in increasing order, and the NLL at each (at
-    its own best σ for regression). ``seed``: the seed of the draws.
+    its own best σ for regression). ``seed``: the seed of the draws. ``temperature``: the posterior
+    temperature T fitted for the K-FAC family and BBVI (:mod:`ngvi.calibrate_temperature`; ``grid`` then holds
+    the T searched), None where λ was fitted.
     """
 
     task: str

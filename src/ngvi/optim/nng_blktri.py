@@ -80,6 +80,7 @@ class NNGBlkTri(KroneckerFamily):
         curvature: ``"ef"`` or ``"fisher"``, as NoisyKFAC's.
         init_prec: where q starts, as NoisyKFAC's.
         kl_clip: the trust region κ on the natural step, as NoisyKFAC's.
+        forget_start: the factors' early weight, as NoisyKFAC's (:mod:`ngvi.optim.forgetting`).
         likelihood: as NoisyKFAC's (``"fisher"`` only).
         prior_prec: 1/η, the name every ngvi optimizer accepts (give ``prior_var`` or this).
         noise_prec: τ of the ``"gaussian"`` likelihood.

@@ -94,7 +94,7 @@ class NoisyKFAC(KroneckerFamily):
         chunk_bytes: as for :class:`~ngvi.optim.vogn.VOGN`.
         sampling: ``"auto"`` (default), ``"local"`` or ``"weights"`` (Alg. 2's shared weight draw): how a
             training sample draws the nn.Linear layers (see :mod:`ngvi.optim._kfac_local`).
-        **engine_kwargs: ``seed``, ``skip_nonfinite``.
+        **engine_kwargs: ``seed``, ``skip_nonfinite``, ``engine`` (:class:`~ngvi.EngineOptions`), ...
 
     The defaults are the family's (:mod:`ngvi.optim.kronecker`); Alg. 2 as written is ``lr=1e-3, beta=0.01,
     momentum=0, init_prec=None, sampling="weights"`` (what the golden trajectories and the UCI table use).

@@ -161,8 +161,16 @@ def test_von_core_is_eqs_7_8_with_riemannian_correction(momentum):
     h_hat[0][0, 0] = -50.0  # a very negative Price estimate: s + λ̃ must stay positive
     buf = [m - p for m, p in zip(mu, prev, strict=True)]  # μ_t − μ_{t−1}
     mu_c, s_c, buf_c = clones(mu), clones(s), clones(buf)
-    F.von_update_(
-        mu_c, g, h_hat, s_c, buf_c if momentum else None, lr=lr, beta=beta, prior_tilde=lt, momentum=momentum
+    F.von_update_(  # ĥ is consumed (its buffer holds s + λ̃ afterwards): a copy
+        mu_c,
+        g,
+        clones(h_hat),
+        s_c,
+        buf_c if momentum else None,
+        lr=lr,
+        beta=beta,
+        prior_tilde=lt,
+        momentum=momentum,
     )
     for i in range(len(SHAPES)):
         s_new = (

@@ -112,19 +112,23 @@ def von_update_(
     natural momentum of eq. 18 (App. E), γ = ``momentum``; ``momentum_buffer`` holds μ_t − μ_{t−1}
     (``None``: no momentum, eqs. 7–8 alone). ``kl_clip`` = κ scales the natural step α(ĝ + λ̃μ)/(s + λ̃),
     before the momentum, by :func:`~.blocks.trust_region`'s ν (``None``: no trust region), with
-    m = Σ (ĝ + λ̃μ)²/(s + λ̃) over the whole group (:func:`~.blocks.region_core`)."""
+    m = Σ (ĝ + λ̃μ)²/(s + λ̃) over the whole group (:func:`~.blocks.region_core`). ``curvs`` is consumed: it
+    holds s_{t+1} + λ̃ afterwards (so the step holds one temporary fewer across the region's pause)."""
     mu, s = TensorList(means), TensorList(hess)
-    before = None if momentum_buffer is None else _add(s, prior_tilde)  # s_t + λ̃
+    buffers = None if momentum_buffer is None else TensorList(momentum_buffer)
+    if buffers is not None:  # γ (s_t + λ̃)(μ_t − μ_{t−1}), with s_t (and before the trust region's pause)
+        buffers.mul_(_add(s, prior_tilde)).mul_(momentum)
     riemannian_ema_(s, curvs, beta=beta, damping=prior_tilde)
     step = _mul(mu, prior_tilde).add_(TensorList(grads))  # ĝ + λ̃μ
-    precision = _add(s, prior_tilde)  # s_{t+1} + λ̃
+    precision = TensorList(curvs)  # ĥ is consumed: its buffer holds s_{t+1} + λ̃ (no new temporary)
+    tildes = prior_tilde.tensors if isinstance(prior_tilde, TensorList) else [prior_tilde] * len(mu)
+    for out, s_t, lam in zip(precision, s, tildes, strict=True):
+        _add_into(out, s_t, lam)
     if kl_clip is not None:
         scale_(step, (yield RegionTerm(sq_terms(step, precision), lr, kl_clip)))
-    if momentum_buffer is None:
+    if buffers is None:
         _addcdiv_(mu, step, precision, -lr)
         return
-    buffers = TensorList(momentum_buffer)
-    buffers.mul_(before).mul_(momentum)  # γ (s_t + λ̃)(μ_t − μ_{t−1})
     _add_scaled_(buffers, step, -lr)
     buffers.div_(precision)  # (18): the buffer now holds μ_{t+1} − μ_t
     mu.add_(buffers)
@@ -202,6 +206,7 @@ def noisy_adam_update_(
     mu = TensorList(means)
     v = _mul(mu, gamma_in).add_(TensorList(grads))  # ĝ + γ_in μ
     adam_moments_(exp_avg, fisher, v, curvs, beta1=beta1, beta2=beta2)
+    del v  # no temporary is held across the trust region's pause but P
     precision = _add(TensorList(fisher), gamma_in + damping)
     numer = TensorList(exp_avg)
     if kl_clip is not None:  # m = Σ m̂²/P with m̂ = m/(1−β₁ᵏ); ν divides the temporary P (exact where ν = 1)

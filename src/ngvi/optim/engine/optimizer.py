@@ -71,10 +71,10 @@ class VariationalOptimizer(Optimizer):
         engine: how the engine runs the step: an :class:`~.options.EngineOptions` or a dict of its fields
             (``noise``, ``noise_dtype``, ``rank_noise``, ``fp32_state``, ``finite_check``, ``flat``,
             ``compile``).
-        **legacy: the same options as keywords: deprecated (a ``DeprecationWarning``; refused from 0.3.0).
         empirical_bayes: learn the prior precision during training (:mod:`.empirical_bayes`): ``None``
             (default: λ stays as given), ``True`` or ``"group"`` (one λ per parameter group), ``"layer"``
             (one per parameter tensor), or an :class:`~.empirical_bayes.EmpiricalBayes` for the schedule.
+        **legacy: the engine's options as keywords: deprecated (a ``DeprecationWarning``; refused from 0.3.0).
     """
 
     #: False for rules that take their gradient at the mean (BAdam); sampling is then only for prediction

@@ -25,8 +25,8 @@ pass ``forget_start=None`` when you schedule the curvature weight yourself.
 
 ``forget_start="auto"`` is :data:`EARLY_RATE` with ngvi's start (``init_prec="auto"``; IVON, which has no
 ``init_prec``, always) and the rule's constant weight with a start the caller chose (``init_prec=None``, the
-papers', or a number: what the golden trajectories and the experiments' protocols pin), as
-``kl_clip="auto"``; ``None`` is the constant weight; a number in (0, 1] is ρₑ.
+papers', or a number: what the golden trajectories and the experiments' protocols pin; ``kl_clip="auto"``
+stays on for a number); ``None`` is the constant weight; a number in (0, 1] is ρₑ.
 
 **Per rule** (docs/CHOOSING.md has the numbers): ``"auto"`` is the default of IVON (whose β₂ = 0.99999 keeps
 h₀ for ~10⁵ steps), noisy Adam and Vprop; VON, VOGN and Vadam keep their constant weight by default

@@ -96,7 +96,11 @@ def restore_float32_state(opt: Any, state_dict: dict[str, Any]) -> None:
 def check_dtypes(opt: Any) -> None:
     """A TypeError naming the first parameter whose dtype changed since its state was made (``model.double()``
     or ``.to(torch.bfloat16)`` after a step): its state and μ are in the old dtype, and no conversion keeps
-    the run it belongs to. O(parameters) in Python, no tensor read."""
+    the run it belongs to. No tensor read; the state is looked at only when the parameters' dtypes differ from
+    the last check's (a step otherwise pays one list of dtypes)."""
+    dtypes = [p.dtype for group in opt.param_groups for p in group["params"]]
+    if dtypes == opt.__dict__.get("_checked_dtypes"):
+        return
     for gi, group in enumerate(opt.param_groups):
         for j, p in enumerate(group["params"]):
             state = opt.state.get(p)
@@ -115,6 +119,7 @@ def check_dtypes(opt: Any) -> None:
                     "optimizer; after a change, build a new optimizer (or load_state_dict a state saved "
                     "with this dtype)"
                 )
+    opt._checked_dtypes = dtypes
 
 
 def _floating(v: Any) -> bool:
